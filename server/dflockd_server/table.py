@@ -155,7 +155,7 @@ class LockTable:
         if old is not None and old.expires_at <= now:
             self._end_session_of(old, now)
         elif old is not None:
-            old.clients.remove(client)
+            self._leave(old, client)
         client.kept_by = session
         session.clients.append(client)
 
@@ -187,7 +187,18 @@ class LockTable:
                 self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
         # without the closed connections that hold nothing
         session.clients = [c for c in session.clients if c.n_held or not c.closed]
+        if not session.clients:
+            del self.sessions[session_id]  # it keeps nothing alive
         return True
+
+    def _leave(self, session: ClientSession, client: Client) -> None:
+        """``client`` leaves ``session`` (with its grants, if any): a session left with no
+        connection (so no grant) keeps nothing alive and is forgotten (a keep-alive for it is
+        refused)."""
+        session.clients.remove(client)
+        client.kept_by = None
+        if not session.clients:
+            del self.sessions[session.id]
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
         """The session ends: with auto-release on, so does every grant of its connections. Its
@@ -236,8 +247,7 @@ class LockTable:
         kept = client.kept_by
         if kept is not None:
             if not client.n_held:
-                kept.clients.remove(client)
-                client.kept_by = None
+                self._leave(kept, client)
         elif by_peer and self.auto_release_on_disconnect:
             if client.session:
                 self._end_session(client, now)

@@ -126,8 +126,9 @@ def test_closed_connections_that_hold_nothing_leave_the_session(
     assert table.sessions[SESSION].clients == [held.client]
     table.disconnect(held.client, by_peer=True)
     assert table.release("k", held.token)
-    assert table.keep_alive(SESSION)
-    assert table.sessions[SESSION].clients == []
+    assert table.keep_alive(SESSION)  # the last: it keeps nothing alive any more
+    assert SESSION not in table.sessions
+    assert not table.keep_alive(SESSION)
 
 
 def test_a_session_its_client_ends_ends_at_once_with_its_grants(
@@ -291,3 +292,36 @@ def test_a_connection_that_leaves_a_session_past_its_time_does_not_bring_its_gra
         assert holder.req("hello", "_", f"session {OTHER} 60").startswith("ok ")
         assert rival.req("ping", "_", f"session {OTHER}") == "ok"
         assert rival.req("l", "k", "0").startswith("ok ")  # freed by the first session's end
+
+
+def test_a_session_left_by_every_connection_holding_nothing_is_forgotten(
+    tmp_path: Path,
+) -> None:
+    """A session no open connection is in and no grant is on keeps nothing alive, and is
+    forgotten at once: one connection that joins session after session (or one connection
+    after another that joins and closes) leaves none behind for the rest of their time.
+    Before, each lived up to ``max_lease_ttl_s`` (a million from one connection in seconds
+    took a third of a gigabyte, and every lease sweep scanned them all, the loop stalled)."""
+    left = [f"{n:016d}" for n in range(3)]
+    with (
+        dflockd_subprocess(tmp_path / "log", "--state-dir", str(tmp_path / "state")) as (
+            _,
+            address,
+        ),
+        Wire(address) as wire,
+        Wire(address) as other,
+    ):
+        for session in left:
+            assert wire.req("hello", "_", f"session {session} 300").startswith("ok ")
+        with Wire(address) as closed:
+            assert closed.req("hello", "_", f"session {SESSION} 300").startswith("ok ")
+        with Wire(address) as holder:  # a session whose closed connection holds a grant
+            assert holder.req("hello", "_", f"session {OTHER} 300").startswith("ok ")
+            token = holder.lock("k", lease=60)
+        assert other.req("ping", "_", f"session {OTHER}") == "ok"
+        assert other.req("r", "k", token) == "ok"
+        assert other.req("ping", "_", f"session {OTHER}") == "ok"  # the last one it answers
+        time.sleep(0.2)  # the closes reached the server
+        for session in [*left[:-1], SESSION, OTHER]:
+            assert other.req("ping", "_", f"session {session}") == "error", session
+        assert other.req("ping", "_", f"session {left[-1]}") == "ok"  # its connection is open
