@@ -17,6 +17,7 @@ from dflockd_server.replay import read_journal, restored_leases
 from dflockd_server.table import Holder, LockTable, Waiter
 from tests.support.clock import FakeClock as Clock
 from tests.support.servers import dflockd_subprocess
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
 LEASE = 10
@@ -321,7 +322,7 @@ def test_a_session_left_by_every_connection_holding_nothing_is_forgotten(
         assert other.req("ping", "_", f"session {OTHER}") == "ok"
         assert other.req("r", "k", token) == "ok"
         assert other.req("ping", "_", f"session {OTHER}") == "ok"  # the last one it answers
-        time.sleep(0.2)  # the closes reached the server
+        wait_until(lambda: other.stats()["connections"] == 2, what="the closes reached it")
         for session in [*left[:-1], SESSION, OTHER]:
             assert other.req("ping", "_", f"session {session}") == "error", session
         assert other.req("ping", "_", f"session {left[-1]}") == "ok"  # its connection is open
