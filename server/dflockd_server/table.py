@@ -138,7 +138,7 @@ class LockTable:
     def join_session(self, client: Client, session_id: str, ttl: int) -> None:
         """``hello _ session <id> <ttl>``: ``client`` joins the session (made if none, or if
         run out), which lives ``ttl`` seconds from now unless kept alive. A connection of
-        another session leaves it, with its grants."""
+        another session leaves it, with its grants (ended first if that session ran out)."""
         now = self.clock()
         session = self.sessions.get(session_id)
         if session is not None and session.expires_at <= now:
@@ -152,8 +152,10 @@ class LockTable:
         old = client.kept_by
         if old is session:
             return
-        if old is not None:
-            old.clients.remove(client)
+        if old is not None and old.expires_at <= now:
+            self._end_session_of(old, now)
+        elif old is not None:
+            self._leave(old, client)
         client.kept_by = session
         session.clients.append(client)
 
@@ -185,7 +187,18 @@ class LockTable:
                 self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
         # without the closed connections that hold nothing
         session.clients = [c for c in session.clients if c.n_held or not c.closed]
+        if not session.clients:
+            del self.sessions[session_id]  # it keeps nothing alive
         return True
+
+    def _leave(self, session: ClientSession, client: Client) -> None:
+        """``client`` leaves ``session`` (with its grants, if any): a session left with no
+        connection (so no grant) keeps nothing alive and is forgotten (a keep-alive for it is
+        refused)."""
+        session.clients.remove(client)
+        client.kept_by = None
+        if not session.clients:
+            del self.sessions[session.id]
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
         """The session ends: with auto-release on, so does every grant of its connections. Its
@@ -234,8 +247,7 @@ class LockTable:
         kept = client.kept_by
         if kept is not None:
             if not client.n_held:
-                kept.clients.remove(client)
-                client.kept_by = None
+                self._leave(kept, client)
         elif by_peer and self.auto_release_on_disconnect:
             if client.session:
                 self._end_session(client, now)

@@ -17,6 +17,7 @@ from dflockd_server.replay import read_journal, restored_leases
 from dflockd_server.table import Holder, LockTable, Waiter
 from tests.support.clock import FakeClock as Clock
 from tests.support.servers import dflockd_subprocess
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
 LEASE = 10
@@ -126,8 +127,9 @@ def test_closed_connections_that_hold_nothing_leave_the_session(
     assert table.sessions[SESSION].clients == [held.client]
     table.disconnect(held.client, by_peer=True)
     assert table.release("k", held.token)
-    assert table.keep_alive(SESSION)
-    assert table.sessions[SESSION].clients == []
+    assert table.keep_alive(SESSION)  # the last: it keeps nothing alive any more
+    assert SESSION not in table.sessions
+    assert not table.keep_alive(SESSION)
 
 
 def test_a_session_its_client_ends_ends_at_once_with_its_grants(
@@ -268,3 +270,59 @@ def test_a_waiter_of_the_session_granted_as_it_ends_keeps_its_grant(
     assert waiter.holder is not None and waiter.holder.live
     assert waiter.holder.client.kept_by is None
     assert rival.holder is None
+
+
+def test_a_connection_that_leaves_a_session_past_its_time_does_not_bring_its_grants_back(
+    tmp_path: Path,
+) -> None:
+    """A session past its time is over even if not swept yet: a connection of it that joins
+    another session does not take the grants along (they would be kept alive by the new
+    session's keep-alives, while their client counted them lost). A sweep far off leaves the
+    run-out session unswept for the whole test."""
+    with (
+        dflockd_subprocess(
+            tmp_path / "log",
+            *("--state-dir", str(tmp_path / "state"), "--lease-sweep-interval", "60"),
+        ) as (_, address),
+        Wire(address) as holder,
+        Wire(address) as rival,
+    ):
+        assert '"keepalive"' in holder.req("hello", "_", f"session {SESSION} 1")
+        assert holder.lock("k", lease=60)
+        time.sleep(1.2)  # the session's 1 s is over; the lock's 60 s lease is not
+        assert holder.req("hello", "_", f"session {OTHER} 60").startswith("ok ")
+        assert rival.req("ping", "_", f"session {OTHER}") == "ok"
+        assert rival.req("l", "k", "0").startswith("ok ")  # freed by the first session's end
+
+
+def test_a_session_left_by_every_connection_holding_nothing_is_forgotten(
+    tmp_path: Path,
+) -> None:
+    """A session no open connection is in and no grant is on keeps nothing alive, and is
+    forgotten at once: one connection that joins session after session (or one connection
+    after another that joins and closes) leaves none behind for the rest of their time.
+    Before, each lived up to ``max_lease_ttl_s`` (a million from one connection in seconds
+    took a third of a gigabyte, and every lease sweep scanned them all, the loop stalled)."""
+    left = [f"{n:016d}" for n in range(3)]
+    with (
+        dflockd_subprocess(tmp_path / "log", "--state-dir", str(tmp_path / "state")) as (
+            _,
+            address,
+        ),
+        Wire(address) as wire,
+        Wire(address) as other,
+    ):
+        for session in left:
+            assert wire.req("hello", "_", f"session {session} 300").startswith("ok ")
+        with Wire(address) as closed:
+            assert closed.req("hello", "_", f"session {SESSION} 300").startswith("ok ")
+        with Wire(address) as holder:  # a session whose closed connection holds a grant
+            assert holder.req("hello", "_", f"session {OTHER} 300").startswith("ok ")
+            token = holder.lock("k", lease=60)
+        assert other.req("ping", "_", f"session {OTHER}") == "ok"
+        assert other.req("r", "k", token) == "ok"
+        assert other.req("ping", "_", f"session {OTHER}") == "ok"  # the last one it answers
+        wait_until(lambda: other.stats()["connections"] == 2, what="the closes reached it")
+        for session in [*left[:-1], SESSION, OTHER]:
+            assert other.req("ping", "_", f"session {session}") == "error", session
+        assert other.req("ping", "_", f"session {left[-1]}") == "ok"  # its connection is open
