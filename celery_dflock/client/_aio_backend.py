@@ -122,7 +122,9 @@ class AsyncRenewalDriver:
 
     def check(self) -> None:
         """Refuse a call from another event loop than the renewal task's: it would wait for
-        that task forever (or meet that loop closed)."""
+        that task forever (or meet that loop closed). A release calls it before anything
+        else, so a refusal abandons nothing (a blocking lock has no such check: any thread may
+        use it)."""
         task = self._task
         if task is not None and (loop := task.get_loop()) is not asyncio.get_running_loop():
             where = (

@@ -145,9 +145,6 @@ class RenewalDriver:
     def renew_now(self) -> bool | None:
         return self._lock.renew_once(False)
 
-    def check(self) -> None:
-        """Before a release: nothing (any thread may use a blocking lock)."""
-
     def forget(self) -> None:
         """In a fork child: the parent's schedule and watcher are not this process's."""
         self._renewal = None

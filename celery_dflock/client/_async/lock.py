@@ -334,7 +334,7 @@ class AsyncLockBase:
         holding, core = self._holding, self._core
         if holding.forked():
             return False
-        holding.driver.check()  # before the try: a refusal here abandons nothing
+        holding.driver.check()  # unasync: async only
         try:
             await holding.driver.stop()
             async with holding.op_lock:

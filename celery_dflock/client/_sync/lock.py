@@ -334,7 +334,6 @@ class LockBase:
         holding, core = self._holding, self._core
         if holding.forked():
             return False
-        holding.driver.check()  # before the try: a refusal here abandons nothing
         try:
             holding.driver.stop()
             with holding.op_lock:
