@@ -4,8 +4,10 @@ pool type. Everything both faces do is tested once, on both, in test_client_face
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator
 
 import pytest
@@ -209,6 +211,10 @@ def test_a_held_lock_whose_loop_has_closed_says_so(dflock_server: ServerThread) 
     assert asyncio.run(lock.acquire())
     with pytest.raises(DflockError, match="an event loop that has closed since"):
         asyncio.run(lock.release())
+    with warnings.catch_warnings():  # its socket and task, left on the closed loop, go quietly
+        warnings.simplefilter("ignore", ResourceWarning)
+        del lock
+        gc.collect()
 
 
 def test_an_async_client_used_by_a_second_asyncio_run_says_what_to_do(
