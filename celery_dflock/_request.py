@@ -224,9 +224,7 @@ _PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")
 
 def _quoted(part: str) -> str:
     """``quote(part, safe="")``, with one scan for the usual task id and worker name."""
-    if _PLAIN.fullmatch(part):
-        return part.replace("@", "%40")
-    return quote(part, safe="")
+    return part.replace("@", "%40") if _PLAIN.fullmatch(part) else quote(part, safe="")
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,9 +96,7 @@ class HeldGrant:
 
     @property
     def fence(self) -> int | None:
-        if self.token is None or not self.fencing:
-            return None
-        return _requests.fence_of(self.token)
+        return _requests.fence_of(self.token) if self.token is not None and self.fencing else None
 
     def foreign_process(self) -> bool:
         """We are a fork child of the process that acquired it."""

@@ -115,9 +115,7 @@ LEGACY_SERVER: Final = ServerInfo()
 
 
 def _seconds(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:

@@ -64,9 +64,7 @@ class ClientSession:
 
     def deadline(self) -> float:
         """Until when its grants surely stay held, as far as the session goes; -inf once over."""
-        if self.ended:
-            return -math.inf
-        return self.answered_at + self.ttl - SESSION_MARGIN_S
+        return -math.inf if self.ended else self.answered_at + self.ttl - SESSION_MARGIN_S
 
     def interval(self) -> float:
         return self.ttl / SESSION_KEEPALIVES

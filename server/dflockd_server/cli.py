@@ -54,9 +54,7 @@ def default_text(setting: Setting) -> str:
         return setting.none_text
     if isinstance(value, bool):
         return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _commands_text() -> str:

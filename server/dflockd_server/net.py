@@ -62,9 +62,7 @@ _JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
 def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     """``loop.time``, or ``time.monotonic`` itself where that is all ``loop.time`` returns
     (asyncio's own loops): the same times, without a Python call around each one."""
-    if type(loop).time is asyncio.BaseEventLoop.time:
-        return time.monotonic
-    return loop.time
+    return time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
 
 
 class Server:

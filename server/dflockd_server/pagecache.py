@@ -88,6 +88,4 @@ def _cached_pages(fd: int, offset: int) -> int | None:
     syscall.restype = ctypes.c_long
     span = (ctypes.c_uint64 * 2)(offset, 1)  # struct cachestat_range: off, len
     counts = (ctypes.c_uint64 * 5)()  # struct cachestat: nr_cache first
-    if syscall(_SYS_CACHESTAT, fd, span, counts, 0) != 0:
-        return None
-    return counts[0]
+    return counts[0] if syscall(_SYS_CACHESTAT, fd, span, counts, 0) == 0 else None

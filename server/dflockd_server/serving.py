@@ -173,9 +173,7 @@ class KeyServing:
         """Whether the table holds or queues anything on ``key`` (on the loop); None when it
         cannot tell (no table yet, or a restart grace)."""
         table = self.table
-        if table is None or table.grace_remaining() > 0:
-            return None
-        return table.is_busy(key)
+        return None if table is None or table.grace_remaining() > 0 else table.is_busy(key)
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread, waiting for its result."""

@@ -78,9 +78,7 @@ def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> s
     given = config.state_dir
     if given is not None:
         return None if given.lower() == NO_STATE else os.path.abspath(os.path.expanduser(given))
-    if config.port == 0:
-        return None
-    return default_state_dir(config.host, config.port, env)
+    return None if config.port == 0 else default_state_dir(config.host, config.port, env)
 
 
 class StateDir:

@@ -112,9 +112,7 @@ _HEADERS: Final = (
 
 
 def _refresh(raw: str) -> int:
-    if raw.isascii() and raw.isdigit():
-        return min(int(raw), _MAX_REFRESH_S)
-    return REFRESH_S
+    return min(int(raw), _MAX_REFRESH_S) if raw.isascii() and raw.isdigit() else REFRESH_S
 
 
 # ------------------------------------------------------------------------------ the page
@@ -187,9 +185,7 @@ def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
 def _state(lock: dict[str, Any]) -> str:
     if lock.get("restored") is True:
         return "restored (holder not back yet)"
-    if lock.get("detached") is True:
-        return "detached"
-    return "held"
+    return "detached" if lock.get("detached") is True else "held"
 
 
 Cell = tuple[str, object, str]

@@ -159,11 +159,7 @@ class Connection:
     def broken_while_idle(self) -> bool:
         """True when an idle connection is unusable (EOF, a reset, bytes nobody asked for);
         False while a request is in flight (it sees a broken connection itself)."""
-        if self._closed:
-            return True
-        if self._in_flight:
-            return False
-        return self.transport.broken(self._lock)
+        return self._closed or (not self._in_flight and self.transport.broken(self._lock))
 
     @classmethod
     def connect(

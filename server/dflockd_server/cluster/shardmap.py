@@ -200,9 +200,7 @@ class ShardMap:
         return self._shards[shard]
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ShardMap):
-            return NotImplemented
-        return self._shards == other._shards
+        return self._shards == other._shards if isinstance(other, ShardMap) else NotImplemented
 
     def __hash__(self) -> int:
         return hash(frozenset(self._shards.items()))

@@ -115,9 +115,7 @@ class ClusterOwnership:
 
     def check_asked(self, key: str) -> bytes | None:
         """``check`` for an acquire after an admitted ``asking`` of this key."""
-        if self.alive() and shard_id(key) in self.importing:
-            return None
-        return self.check(key)
+        return None if self.alive() and shard_id(key) in self.importing else self.check(key)
 
     def may_hold(self, key: str) -> bool:
         shard = shard_id(key)
