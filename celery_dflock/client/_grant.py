@@ -234,8 +234,7 @@ class HeldGrant:
         now = self.clock()
         if self.session_deadline - now < 2 * interval:
             return 0.0  # a grant that waited: confirm it at once
-        remaining = self.lease_deadline - now
-        return max(0.0, min(interval, remaining - (self.lease - interval)))
+        return max(0.0, min(interval, self.lease_deadline - now - (self.lease - interval)))
 
     def renew_reply_timeout(self) -> float:
         """Wait for a renewal's answer until the lease surely ran out, or on a session

@@ -194,8 +194,7 @@ class Config:
         path = self.cluster_password_file
         if path is None:
             return self.cluster_password
-        name = names("cluster_password_file")
-        return read_secret(path, name, lambda text: text.rstrip("\r\n"))
+        return read_secret(path, names("cluster_password_file"), lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
         """The shared secret (read from ``auth_token_file`` if set)."""

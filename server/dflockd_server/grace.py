@@ -41,8 +41,7 @@ def read_longest_lease(path: str) -> int | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise FenceStateError(f"cannot read restart grace record {path!r}: {exc}") from exc
     try:
-        data = json.loads(text)
-        value = data["longest_lease_s"]
+        value = json.loads(text)["longest_lease_s"]
     except (ValueError, TypeError, KeyError):
         value = None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -32,8 +32,7 @@ def mount_id(path: str) -> int | None:
     """The unique id of the mount ``path`` is on (``statx``'s ``STATX_MNT_ID_UNIQUE``), or None
     where the kernel or the C library gives none."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        statx = libc.statx
+        statx = ctypes.CDLL(None, use_errno=True).statx
     except (OSError, AttributeError):
         return None
     statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]

@@ -526,8 +526,7 @@ def restored_leases(
     out = read.leases.values()
     longest = 0
     for rec in out:
-        own = max(rec.lease_ttl, rec.on_close or 0)
-        told = max(own, run_longest)
+        told = max(rec.lease_ttl, rec.on_close or 0, run_longest)
         longest = max(longest, told)  # what its holder may have been told: the new bound
         rec.left = float(told)
         grace = max(grace, rec.left) if grace else grace

@@ -77,8 +77,7 @@ class AskTickets:
 
     def issue(self, asked: AskedKey, *, revision: int, floor: int, now: float) -> str:
         expires = int(now) + TICKET_LIFE_S
-        mac = self._mac(asked, revision, expires, floor)
-        return f"{revision:x}.{expires:x}.{floor:x}.{mac}"
+        return f"{revision:x}.{expires:x}.{floor:x}.{self._mac(asked, revision, expires, floor)}"
 
     def genuine(self, ticket: str, asked: AskedKey) -> Ticket | None:
         """The ticket's content when made for exactly this key and move, expired or not."""

@@ -116,8 +116,7 @@ def decide(
                 verdicts[shard] = None
             continue
         if current == me:
-            dest = split or target
-            moving.setdefault(dest, set()).add(shard)
+            moving.setdefault(split or target, set()).add(shard)
             holding_all.add(shard)
             if cleared is None or shard in cleared:
                 holding.add(shard)
