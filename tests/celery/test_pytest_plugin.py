@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,5 +72,5 @@ def test_without_the_server_extra_the_fixtures_stop_the_run_saying_so(
     assert "INTERNALERROR" not in said, said
     assert "install celery-dflock's `server` extra" in said, said
     if not workers:
-        assert said.count("install celery-dflock's `server` extra") == 1, said
+        assert re.search(r"\b1 error in ", said), said  # (the summary repeats it under CI)
         assert "test_two" not in said, said
