@@ -128,6 +128,7 @@ class Connection(asyncio.Protocol):
         if session is None:
             return
         self.session = None
+        session.client.close = None  # (its stream's method: a cycle that kept its buffers)
         self._free_untold(session)
         session.close(by_peer=by_peer)
         shares = session.grants.shares
