@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from functools import partial
+from typing import Any, Final
 
 from dflockd_server import constants as c
 from dflockd_server.settings import ETCD_ACCESS, SETTINGS, names
@@ -25,6 +26,23 @@ _SERVER_PAIRS = (_EITHER[:1], _TOGETHER[:1])
 """The pairs checked with the server's own settings; etcd's (the rest) with etcd's access,
 once ``--cluster`` is known to be given (and ``etcds://`` for the TLS files)."""
 _ETCD_PAIRS = (_EITHER[1:], _TOGETHER[1:])
+ETCD_PASSWORDS: Final = _EITHER[1:]
+"""etcd's password, given one way only (the cluster commands check it too)."""
+
+
+def check_pairs(
+    value: Callable[[str], object],
+    either: tuple[tuple[str, str], ...],
+    together: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """Refuse a pair of ``either`` both given, or of ``together`` one without the other
+    (``value``: a setting's value by its field, None when not given)."""
+    for one, other in either:
+        if value(one) is not None and value(other) is not None:
+            raise ConfigError(f"give {names(one)} or {names(other)}, not both")
+    for one, other in together:
+        if (value(one) is None) != (value(other) is None):
+            raise ConfigError(f"{names(one)} and {names(other)} must be given together")
 
 
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
@@ -98,7 +116,7 @@ class Config:
             problem = setting.check(value)
             if problem is not None:
                 raise ConfigError(f"{setting.field}={value!r} ({names(setting.field)}): {problem}")
-        self._check_pairs(*_SERVER_PAIRS)
+        check_pairs(partial(getattr, self), *_SERVER_PAIRS)
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError(
                 f"{names('default_lease_ttl_s')}={self.default_lease_ttl_s} exceeds "
@@ -144,16 +162,6 @@ class Config:
             )
         self._check_etcd_access()
 
-    def _check_pairs(
-        self, either: tuple[tuple[str, str], ...], together: tuple[tuple[str, str], ...]
-    ) -> None:
-        for one, other in either:
-            if getattr(self, one) is not None and getattr(self, other) is not None:
-                raise ConfigError(f"give {names(one)} or {names(other)}, not both")
-        for one, other in together:
-            if (getattr(self, one) is None) != (getattr(self, other) is None):
-                raise ConfigError(f"{names(one)} and {names(other)} must be given together")
-
     def _check_etcd_access(self) -> None:
         given = [f for f in ETCD_ACCESS if getattr(self, f) is not None]
         if self.cluster is None:
@@ -169,7 +177,7 @@ class Config:
                     f"{names(name)} is for TLS to etcd, but {_CLUSTER}={self.cluster} "
                     f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
                 )
-        self._check_pairs(*_ETCD_PAIRS)
+        check_pairs(partial(getattr, self), *_ETCD_PAIRS)
         has_password = self.cluster_password is not None or self.cluster_password_file is not None
         if self.cluster_user is not None and not has_password:
             raise ConfigError(

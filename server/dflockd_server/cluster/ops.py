@@ -24,7 +24,7 @@ from dflockd_server.cluster.etcd import (
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
-from dflockd_server.config import read_secret
+from dflockd_server.config import ETCD_PASSWORDS, check_pairs, read_secret
 from dflockd_server.constants import CLUSTER_COMMAND_HELP
 from dflockd_server.settings import BY_FIELD, ETCD_ACCESS, names
 from dflockd_server.values import split_cluster_url
@@ -195,11 +195,8 @@ def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
     for field in ETCD_ACCESS:
         found = BY_FIELD[field].in_environment(environ)
         given[field] = getattr(args, field) or (found[1] if found is not None else None)
+    check_pairs(given.get, ETCD_PASSWORDS)  # as the server's Config refuses both
     password, path = given["cluster_password"], given["cluster_password_file"]
-    if password is not None and path is not None:  # as the server's Config refuses it
-        raise ValueError(
-            f"give {names('cluster_password')} or {names('cluster_password_file')}, not both"
-        )
     if path is not None:
         password = read_secret(path, names("cluster_password_file"), lambda s: s.rstrip("\r\n"))
     user = given["cluster_user"]
