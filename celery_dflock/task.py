@@ -10,6 +10,7 @@ and docs/reference/settings.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from types import FunctionType
 from typing import Any, ClassVar, cast
@@ -168,6 +169,17 @@ class LockedTask(Task):
             raise
         taken.confirm(self, task_id)
         return sent
+
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``delay`` once Django's transaction under way commits (nothing on a rollback), as a
+        Django project's other tasks (Celery's ``DjangoTask``) have it."""
+        self.apply_async_on_commit(args, kwargs)
+
+    def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``apply_async`` once Django's transaction under way commits, as ``delay_on_commit``."""
+        from django.db import transaction
+
+        transaction.on_commit(functools.partial(self.apply_async, *args, **kwargs))  # pyright: ignore[reportUnknownMemberType]
 
     def apply(  # noqa: PLR0917 (Celery's signature)
         self,
