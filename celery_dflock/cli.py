@@ -282,10 +282,10 @@ def format_status(reports: Sequence[ServerReport]) -> str:
     rows: list[list[str]] = []
     for rep in reports:
         if not rep.reachable:
-            rows.append([rep.address, "NO", "-", "-", "-", "-", rep.note])
+            rows.append([rep.address, "NO", "-", "-", "-", "-", "-", rep.note])
             continue
         if rep.stats is None:
-            rows.append([rep.address, "yes", "?", "?", "?", "?", rep.note])
+            rows.append([rep.address, "yes", "?", "?", "?", "?", "?", rep.note])
             continue
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
@@ -296,13 +296,15 @@ def format_status(reports: Sequence[ServerReport]) -> str:
                 rep.address,
                 "yes",
                 str(rep.stats.get("connections", "?")),
+                str(rep.stats.get("sessions", "-")),
                 str(len(locks)),
                 str(len(sems)),
                 str(waiters),
                 "; ".join([*states, rep.note] if rep.note else states),
             ]
         )
-    header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "note"]
+    header = ["server", "reachable", "connections", "sessions", "locks", "semaphores"]
+    header += ["waiters", "note"]
     lines = _table(header, rows)
     for rep in reports:
         if rep.stats is not None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,9 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
-from celery_dflock import DistributedLock
+from celery_dflock import Client, DistributedLock
 from celery_dflock.cli import (
     RESTORED_MARK,
     ServerReport,
@@ -339,5 +341,44 @@ def test_dflock_status_shows_a_restart_grace_with_its_reason_and_journal_off(
         assert grace.endswith(f" s left, no key granted ({reason})"), grace
         assert f"{address}: journal off" in lines
         assert report["stats"]["journal"] is None
+    finally:
+        server.kill()
+
+
+def test_status_metrics_and_page_count_the_client_sessions_and_the_grants_they_keep(
+    tmp_path: Path,
+) -> None:
+    """One client process holds two locks on its session, a plain connection a third: the
+    metrics, the status page and `celery dflock status` (text and --json) count the sessions
+    and the grants they keep (the CLI's connection joins no session)."""
+    port, metrics = free_port(), free_port()
+    address = f"127.0.0.1:{port}"
+    server = _state_server(
+        tmp_path / "state", port, "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1"
+    )
+    try:
+        with Client(servers=[("127.0.0.1", port)]) as client, Wire(("127.0.0.1", port)) as plain:
+            held = [client.lock(f"cli:session:{n}") for n in (1, 2)]
+            assert all(lock.acquire() for lock in held)
+            assert plain.req("l", "cli:plain", "0 60").startswith("ok ")
+            base = f"http://127.0.0.1:{metrics}"
+            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            samples = {
+                s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            }
+            assert (samples["dflockd_sessions"], samples["dflockd_session_grants"]) == (1, 2)
+            with urllib.request.urlopen(f"{base}/status?refresh=0", timeout=10) as response:
+                page = response.read().decode()
+            assert "1 client session(s) keeping 2 grant(s)" in page, page
+            env = _cli_env(address)
+            (report,) = json.loads(_celery(env, "dflock", "status", "--json").stdout)
+            assert (report["stats"]["sessions"], report["stats"]["session_grants"]) == (1, 2)
+            status = _celery(env, "dflock", "status").stdout.splitlines()
+            assert status[0].split()[:4] == ["server", "reachable", "connections", "sessions"]
+            row = status[2].split()  # connections: the client's own (a lock's, pooled ones), ...
+            assert [row[0], *row[3:5]] == [address, "1", "3"], status  # sessions, locks
+            for lock in held:
+                lock.release()
     finally:
         server.kill()
