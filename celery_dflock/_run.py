@@ -248,9 +248,10 @@ def contended(
     run = message.label
     args, kwargs = message.call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
-    handover = None if lock is None else lock.handover
+    # A cluster hand-over outlasted lock_timeout, or the server's restart grace: not busy.
+    handover = None if lock is None else lock.handover or lock.grace
     if mismatch is None and handover is not None:
-        why = handover  # a cluster hand-over outlasted lock_timeout: the key may well be free
+        why = handover
     elif mismatch is None:
         by = f"task {holder}" if holder else "another run"
         why = f"lock {key!r} is held by {by}"
@@ -285,17 +286,17 @@ def contended(
     limit = options.max_retries
     if limit is not None and done >= limit:
         raise LockNotAcquired(
-            f"{run}: key {key!r} was still busy after {done} lock "
+            f"{run}: {why}, still so after {done} lock "
             f"retries (lock_max_retries={limit}), so the run is dropped; raise "
             f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
             f"(wait in the key's queue)"
         )
     countdown = retry_countdown(done, options)
     logger.info(
-        "dflock: %s retries in %.2fs: lock %r is busy (lock retry %d of %s)",
+        "dflock: %s retries in %.2fs: %s (lock retry %d of %s)",
         run,
         countdown,
-        key,
+        why,
         done + 1,
         "no limit" if limit is None else limit,
     )
