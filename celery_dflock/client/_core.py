@@ -318,10 +318,8 @@ class LockCore:
             left = 0.0 if server is None else server.grace_until - self.routing.clock()
             if left > 0:
                 self.grace = (
-                    f"{self.what} was not acquired within its acquire timeout "
-                    f"({self.routing.acquire_timeout_s} s; in Celery lock_timeout): server "
-                    f"{self.endpoint.address} is in its restart grace, granting no key for "
-                    f"about {left:.0f} s more (its stats say why: celery dflock status)"
+                    f"{self.what} was not granted: server {self.endpoint.address} is in its "
+                    f"restart grace, granting no key for {left:.0f} s more (celery dflock status)"
                 )
             return False
         if isinstance(reply, Moved):
