@@ -253,7 +253,10 @@ def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) ->
     if grace is not None and grace > 0:
         reason = stats.get("grace_reason")
         why = f" ({reason})" if isinstance(reason, str) and reason else ""
-        lines.append(f"{address}: restart grace, {grace:.1f} s left, no key granted{why}")
+        until = time.strftime("%H:%M:%S", time.gmtime(time.time() + grace))
+        lines.append(
+            f"{address}: restart grace until {until} UTC ({grace:.1f} s left), no key granted{why}"
+        )
     journal: Any = stats.get("journal")
     if "journal" in stats and journal is None:
         lines.append(f"{address}: journal off")
