@@ -248,13 +248,9 @@ def contended(
     run = message.label
     args, kwargs = message.call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
-    # A cluster hand-over outlasted lock_timeout, or the server's restart grace: not busy.
-    handover = None if lock is None else lock.handover or lock.grace
-    if mismatch is None and handover is not None:
-        why = handover
-    elif mismatch is None:
-        by = f"task {holder}" if holder else "another run"
-        why = f"lock {key!r} is held by {by}"
+    if mismatch is None:  # not busy: a cluster hand-over outlasted lock_timeout, or a grace
+        said = lock.handover or lock.grace if lock is not None else None
+        why = said or f"lock {key!r} is held by {f'task {holder}' if holder else 'another run'}"
     else:
         mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
         why = (
