@@ -284,11 +284,9 @@ def format_status(reports: Sequence[ServerReport]) -> str:
     """One row per server, then its restart grace, journal and degraded states."""
     rows: list[list[str]] = []
     for rep in reports:
-        if not rep.reachable:
-            rows.append([rep.address, "NO", "-", "-", "-", "-", "-", rep.note])
-            continue
-        if rep.stats is None:
-            rows.append([rep.address, "yes", "?", "?", "?", "?", "?", rep.note])
+        if rep.stats is None:  # unreachable (-), or no stats (?)
+            unknown = [*["?" if rep.reachable else "-"] * 5, rep.note]
+            rows.append([rep.address, "yes" if rep.reachable else "NO", *unknown])
             continue
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
