@@ -131,6 +131,24 @@ async def test_an_acquire_that_times_out_in_a_restart_grace_says_so(
         assert busy.grace is None
 
 
+async def test_a_pool_learns_a_restarted_server_s_grace_as_its_session_joins(
+    face: Face, dflock_server_factory: Callable[..., ServerThread]
+) -> None:
+    """A pool that knew its server before a restart asks no `hello` again: its new connection
+    joins its client session, and that answer tells the new run's grace."""
+    server = dflock_server_factory()
+    servers = [server.address]
+    async with face.held(face.pool_class()) as pool:
+        async with face.held(face.lock_class("before", servers=servers, pool=pool)):
+            pass
+        port = server.port
+        server.stop()
+        dflock_server_factory(port=port, restart_grace_s=600.0)
+        lock = face.lock_class("after", 0, servers=servers, pool=pool)
+        assert await face.run(lock.acquire()) is False
+        assert lock.grace is not None and "is in its restart grace" in lock.grace, lock.grace
+
+
 async def test_fifo_between_clients(make: Maker) -> None:
     run = make.face.run
     holder = make("fifo")
