@@ -249,8 +249,7 @@ def _number(value: Any) -> float | None:
 def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) -> list[str]:
     """What a server says of its restart grace and its journal (the fields it sends)."""
     lines: list[str] = []
-    grace = _number(stats.get("grace_remaining_s"))
-    if grace is not None and grace > 0:
+    if (grace := _number(stats.get("grace_remaining_s")) or 0.0) > 0:
         reason = stats.get("grace_reason")
         why = f" ({reason})" if isinstance(reason, str) and reason else ""
         until = time.strftime("%H:%M:%S", time.gmtime(time.time() + grace))

@@ -315,8 +315,7 @@ class LockCore:
         if isinstance(reply, TimedOut):
             self.busy = True
             self.holder = reply.holder
-            left = 0.0 if server is None else server.grace_until - self.routing.clock()
-            if left > 0:
+            if server is not None and (left := server.grace_until - self.routing.clock()) > 0:
                 self.grace = (
                     f"{self.what} was not granted: server {self.endpoint.address} is in its "
                     f"restart grace, granting no key for {left:.0f} s more (celery dflock status)"
