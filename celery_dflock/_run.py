@@ -248,12 +248,9 @@ def contended(
     run = message.label
     args, kwargs = message.call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
-    handover = None if lock is None else lock.handover
-    if mismatch is None and handover is not None:
-        why = handover  # a cluster hand-over outlasted lock_timeout: the key may well be free
-    elif mismatch is None:
-        by = f"task {holder}" if holder else "another run"
-        why = f"lock {key!r} is held by {by}"
+    if mismatch is None:  # not busy: a cluster hand-over outlasted lock_timeout, or a grace
+        said = lock.handover or lock.grace if lock is not None else None
+        why = said or f"lock {key!r} is held by {f'task {holder}' if holder else 'another run'}"
     else:
         mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
         why = (
@@ -285,17 +282,17 @@ def contended(
     limit = options.max_retries
     if limit is not None and done >= limit:
         raise LockNotAcquired(
-            f"{run}: key {key!r} was still busy after {done} lock "
+            f"{run}: {why}, still so after {done} lock "
             f"retries (lock_max_retries={limit}), so the run is dropped; raise "
             f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
             f"(wait in the key's queue)"
         )
     countdown = retry_countdown(done, options)
     logger.info(
-        "dflock: %s retries in %.2fs: lock %r is busy (lock retry %d of %s)",
+        "dflock: %s retries in %.2fs: %s (lock retry %d of %s)",
         run,
         countdown,
-        key,
+        why,
         done + 1,
         "no limit" if limit is None else limit,
     )

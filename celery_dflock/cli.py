@@ -249,11 +249,13 @@ def _number(value: Any) -> float | None:
 def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) -> list[str]:
     """What a server says of its restart grace and its journal (the fields it sends)."""
     lines: list[str] = []
-    grace = _number(stats.get("grace_remaining_s"))
-    if grace is not None and grace > 0:
+    if (grace := _number(stats.get("grace_remaining_s")) or 0.0) > 0:
         reason = stats.get("grace_reason")
         why = f" ({reason})" if isinstance(reason, str) and reason else ""
-        lines.append(f"{address}: restart grace, {grace:.1f} s left, no key granted{why}")
+        until = time.strftime("%H:%M:%S", time.gmtime(time.time() + grace))
+        lines.append(
+            f"{address}: restart grace until {until} UTC ({grace:.1f} s left), no key granted{why}"
+        )
     journal: Any = stats.get("journal")
     if "journal" in stats and journal is None:
         lines.append(f"{address}: journal off")
@@ -281,11 +283,9 @@ def format_status(reports: Sequence[ServerReport]) -> str:
     """One row per server, then its restart grace, journal and degraded states."""
     rows: list[list[str]] = []
     for rep in reports:
-        if not rep.reachable:
-            rows.append([rep.address, "NO", "-", "-", "-", "-", rep.note])
-            continue
-        if rep.stats is None:
-            rows.append([rep.address, "yes", "?", "?", "?", "?", rep.note])
+        if rep.stats is None:  # unreachable (-), or no stats (?)
+            unknown = [*["?" if rep.reachable else "-"] * 5, rep.note]
+            rows.append([rep.address, "yes" if rep.reachable else "NO", *unknown])
             continue
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
@@ -296,13 +296,15 @@ def format_status(reports: Sequence[ServerReport]) -> str:
                 rep.address,
                 "yes",
                 str(rep.stats.get("connections", "?")),
+                str(rep.stats.get("sessions", "-")),
                 str(len(locks)),
                 str(len(sems)),
                 str(waiters),
                 "; ".join([*states, rep.note] if rep.note else states),
             ]
         )
-    header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "note"]
+    header = ["server", "reachable", "connections", "sessions", "locks", "semaphores"]
+    header += ["waiters", "note"]
     lines = _table(header, rows)
     for rep in reports:
         if rep.stats is not None:

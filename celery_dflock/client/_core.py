@@ -95,6 +95,7 @@ class LockCore:
         self.lost = False  # kept until the next grant
         self.holder: str | None = None  # the note of a busy key's holder
         self.busy = False  # the last acquire ended with ``timeout``
+        self.grace: str | None = None  # why: the server's restart grace
         self.lease_ttl_s = settings.lease_ttl_s if lease_ttl_s is None else lease_ttl_s
         self.note = None if note is None else _requests.validate_note(note)
 
@@ -146,6 +147,7 @@ class LockCore:
     def begin_acquire(self) -> None:
         self.holder = None
         self.busy = False
+        self.grace = None
         self.routing.begin_acquire()
 
     def require_idle(self) -> None:
@@ -313,6 +315,11 @@ class LockCore:
         if isinstance(reply, TimedOut):
             self.busy = True
             self.holder = reply.holder
+            if server is not None and (left := server.grace_until - self.routing.clock()) > 0:
+                self.grace = (
+                    f"{self.what} was not granted: server {self.endpoint.address} is in its "
+                    f"restart grace, granting no key for {left:.0f} s more (celery dflock status)"
+                )
             return False
         if isinstance(reply, Moved):
             logger.warning(

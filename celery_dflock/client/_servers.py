@@ -47,6 +47,7 @@ class ServerInfo:
     # How long a session connection's grants outlive its close (the server lists ``session``).
     session_ttl_s: int | None = None
     run: str | None = None  # this start of the server
+    grace_until: float = 0.0  # when its restart grace ends, on this process's monotonic clock
 
     @property
     def keeps_sessions(self) -> bool:
@@ -118,10 +119,12 @@ def _seconds(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
-    """Interpret the reply to ``hello`` (raises for ``error_auth`` / ``error_draining``)."""
+def server_info(endpoint: Endpoint, reply: Reply, sent_at: float = 0.0) -> ServerInfo:
+    """Interpret the reply to ``hello`` sent at ``sent_at`` (raises for ``error_auth`` /
+    ``error_draining``)."""
     if isinstance(reply, _replies.Hello):
         data = reply.data
+        grace = data.get("grace_remaining_s")
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
         session_ttl = _seconds(data.get("session_ttl_s"))
@@ -133,6 +136,7 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
             default_lease_ttl_s=_seconds(data.get("default_lease_ttl_s")),
             session_ttl_s=session_ttl if wire.FEATURE_SESSION in listed else None,
             run=str(data["run"]) if isinstance(data.get("run"), str) else None,
+            grace_until=sent_at + grace if isinstance(grace, int | float) and sent_at else 0.0,
         )
     if isinstance(reply, ErrorReply):
         if reply.code == wire.STATUS_ERROR_AUTH:

@@ -8,6 +8,7 @@ knows; nothing here reads a clock or a file.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Final
@@ -50,13 +51,15 @@ def read_only(failure: str, directory: str, advice: str, *, renewals: bool) -> C
     )
 
 
-def grace(seconds_left: float, reason: str) -> Condition:
+def grace(seconds_left: float, reason: str, until: float) -> Condition:
+    """``until``: when it ends (Unix time)."""
     why = f" ({reason})" if reason else ""
     return Condition(
         "restart_grace",
         WARNING,
         "Restart grace",
-        f"{seconds_left:.1f} s left; no key is granted until every lease the "
+        f"{seconds_left:.1f} s left (until {time.strftime('%H:%M:%S', time.gmtime(until))} "
+        f"UTC); no key is granted until every lease the "
         f"previous run may have granted has ended{why}; acquires wait meanwhile.",
     )
 

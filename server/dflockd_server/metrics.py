@@ -158,6 +158,8 @@ class Snapshot:
             ("keys_max", "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a "
              "new key is refused with error_max_locks.", table.grants.max_locks, False),
             ("connections", "Client connections open now.", connections, False),
+            ("sessions", "Client sessions now, one a client process.", len(table.sessions), False),
+            ("session_grants", "Grants client sessions keep now.", table.session_grants(), False),
             ("connections_accepted", "Client connections admitted.", connections_accepted, True),
             ("connections_refused",
              "Client connections closed at once (connection caps or draining).",

@@ -618,7 +618,7 @@ class Server:
             found.append(conditions.draining())
         left = stats.get("grace_remaining_s") or 0.0
         if left > 0:
-            found.append(conditions.grace(left, self.grace_reason))
+            found.append(conditions.grace(left, self.grace_reason, time.time() + left))
         if self.node is not None:
             cluster = self.node.stats()
             found += conditions.cluster_conditions(

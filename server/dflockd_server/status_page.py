@@ -272,6 +272,8 @@ def render(title: str, stats: dict[str, Any], refresh: int, now: float) -> str:
     again = f"; refreshes every {refresh} s" if refresh else ""
     summary = (
         f'<p class="summary">{html.escape(str(stats.get("connections", "?")))} connection(s), '
+        f"{stats.get('sessions', 0)} client session(s) keeping {stats.get('session_grants', 0)} "
+        "grant(s), "
         f"{len(locks)} lock(s) held, {len(sems)} semaphore(s) in use, {waiters} waiter(s); "
         f"snapshot at {taken}{again}</p>"
     )

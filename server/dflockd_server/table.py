@@ -724,6 +724,10 @@ class LockTable:
                 waiters += state.n_waiting
         return keys, holders, waiters
 
+    def session_grants(self) -> int:
+        """Grants kept by client sessions now: held on their connections, open or closed."""
+        return sum(client.n_held for s in self.sessions.values() for client in s.clients)
+
     def stats(self, connections: int) -> dict[str, Any]:
         """The ``stats`` reply, in dflockd's shape."""
         grants = self.grants
@@ -762,6 +766,8 @@ class LockTable:
                 idle_locks.append({"key": key, "idle_s": round(now - state.last_used, 3)})
         return {
             "connections": connections,
+            "sessions": len(self.sessions),
+            "session_grants": self.session_grants(),
             "locks": locks,
             "semaphores": sems,
             "idle_locks": idle_locks,

@@ -98,6 +98,31 @@ def test_lock_retries_leave_celerys_max_retries_alone(rig: Rig) -> None:
     assert run["retries"] == 0  # the body sees its own retries only
 
 
+def test_a_run_refused_in_the_restart_grace_says_so_in_its_log_and_error(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The lock server is in its restart grace (it grants no key): each lock retry's log line
+    and the error once they run out say so, not that the key is busy."""
+    queue = f"dflock-grace-{time.monotonic_ns()}"
+    with open_rig(
+        tmp_path_factory.mktemp("grace"),
+        "apps.tasks",
+        redis_settings(queue),
+        server=Config(host="127.0.0.1", port=0, restart_grace_s=600.0),
+        main="grace-client",
+        cleanup=lambda: redis_cleanup(queue),
+    ) as graced:
+        worker = graced.start_worker(pool="prefork", concurrency=1)
+        result = sig(graced, "busy_budget", 3, 3).delay()
+        with pytest.raises(LockNotAcquired) as failure:
+            outcome(result, RESULT_TIMEOUT_S)
+        retried = [line for line in worker.output().splitlines() if "retries in" in line]
+    assert len(retried) == 2, worker.output()
+    assert all("is in its restart grace, granting no key" in line for line in retried), retried
+    assert "after 2 lock retries (lock_max_retries=2)" in str(failure.value)
+    assert "is in its restart grace" in str(failure.value)
+
+
 def outcome(result: Any, timeout: float) -> Any:
     """``result.get()``, by reading the backend (see `settle`): its value, or its error raised."""
     deadline = time.monotonic() + timeout

@@ -112,6 +112,43 @@ async def test_timeout_zero_and_small(make: Maker) -> None:
                 pytest.fail("entered a lock that is held elsewhere")
 
 
+async def test_an_acquire_that_times_out_in_a_restart_grace_says_so(
+    make: Maker, dflock_server_factory: Callable[..., ServerThread]
+) -> None:
+    """A server in its restart grace grants no key: an acquire that times out in it says why
+    (``lock.grace``, a `with` block's `LockNotAcquired`); a key held by another says nothing
+    of a grace."""
+    graced = [dflock_server_factory(restart_grace_s=600.0).address]
+    lock = make("graced", 0, servers=graced)
+    assert await make.face.run(lock.acquire()) is False
+    assert lock.grace is not None and "is in its restart grace" in lock.grace, lock.grace
+    with pytest.raises(LockNotAcquired, match="in its restart grace, granting no key for"):
+        async with make.face.held(make("graced", 1, servers=graced)):
+            pytest.fail("entered a lock in the server's restart grace")
+    async with make.face.held(make("busy")):
+        busy = make("busy", 0)
+        assert await make.face.run(busy.acquire()) is False
+        assert busy.grace is None
+
+
+async def test_a_pool_learns_a_restarted_server_s_grace_as_its_session_joins(
+    face: Face, dflock_server_factory: Callable[..., ServerThread]
+) -> None:
+    """A pool that knew its server before a restart asks no `hello` again: its new connection
+    joins its client session, and that answer tells the new run's grace."""
+    server = dflock_server_factory()
+    servers = [server.address]
+    async with face.held(face.pool_class()) as pool:
+        async with face.held(face.lock_class("before", servers=servers, pool=pool)):
+            pass
+        port = server.port
+        server.stop()
+        dflock_server_factory(port=port, restart_grace_s=600.0)
+        lock = face.lock_class("after", 0, servers=servers, pool=pool)
+        assert await face.run(lock.acquire()) is False
+        assert lock.grace is not None and "is in its restart grace" in lock.grace, lock.grace
+
+
 async def test_fifo_between_clients(make: Maker) -> None:
     run = make.face.run
     holder = make("fifo")

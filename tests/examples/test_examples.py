@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +17,9 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
-from celery_dflock import DistributedLock
+from celery_dflock import Client, DistributedLock
 from celery_dflock.cli import (
     RESTORED_MARK,
     ServerReport,
@@ -211,7 +214,9 @@ def test_dflock_status_and_locks_leave_out_what_an_older_server_does_not_send() 
     assert RESTORED_MARK not in locks and "note" not in locks.splitlines()[0]
     # A grace from an older server (no grace_reason) shows without a reason.
     graced = format_status([_reachable("127.0.0.1:6388", {**older, "grace_remaining_s": 12.25})])
-    assert graced.splitlines()[-1] == "127.0.0.1:6388: restart grace, 12.2 s left, no key granted"
+    said = graced.splitlines()[-1]
+    assert said.startswith("127.0.0.1:6388: restart grace until "), said
+    assert said.endswith(" UTC (12.2 s left), no key granted"), said
 
 
 def test_dflock_status_and_locks_show_grace_journal_and_restored_from_the_stats_fields() -> None:
@@ -227,8 +232,8 @@ def test_dflock_status_and_locks_show_grace_journal_and_restored_from_the_stats_
     off = {"connections": 0, "locks": [], "semaphores": [], "grace_remaining_s": 0.0,
            "grace_reason": "", "journal": None}  # fmt: skip
     status = format_status([_reachable(a, stats), _reachable(b, off)]).splitlines()
-    assert status[-3:] == [
-        f"{a}: restart grace, 41.0 s left, no key granted (journal damaged)",
+    assert status[-3].endswith(" UTC (41.0 s left), no key granted (journal damaged)")
+    assert status[-2:] == [
         f"{a}: journal on: state dir /var/lib/dflockd, fsync everysec, 2 lease(s) restored, "
         "1 record(s) dropped",
         f"{b}: journal off",
@@ -325,9 +330,14 @@ def test_dflock_status_and_locks_show_the_journal_and_the_restored_leases(
 def test_dflock_status_shows_a_restart_grace_with_its_reason_and_journal_off(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
+    """`status` (text and --json), `ping` and the status page say until when (a UTC time of
+    day, about 60 s from now) the server grants nothing, and why; `ping` exits 0 all the same
+    (a readiness probe: the server answers, and queues acquires)."""
+    port, metrics = free_port(), free_port()
     address = f"127.0.0.1:{port}"
-    server = _state_server(Path("none"), port, "--restart-grace", "60")
+    server = _state_server(
+        Path("none"), port, "--restart-grace", "60", "--metrics-port", str(metrics)
+    )
     try:
         status = _celery(_cli_env(address), "dflock", "status")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -335,9 +345,58 @@ def test_dflock_status_shows_a_restart_grace_with_its_reason_and_journal_off(
         reason = report["stats"]["grace_reason"]
         assert reason
         lines = status.stdout.splitlines()
-        (grace,) = [line for line in lines if line.startswith(f"{address}: restart grace, ")]
-        assert grace.endswith(f" s left, no key granted ({reason})"), grace
+        (grace,) = [line for line in lines if line.startswith(f"{address}: restart grace ")]
+        assert grace.endswith(f" s left), no key granted ({reason})"), grace
+        ping = _celery(_cli_env(address), "dflock", "ping")
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        (degraded,) = report["stats"]["degraded"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/status", timeout=10) as page:
+            shown = page.read().decode()
+        for said in (grace, ping.stdout, degraded["message"], shown):
+            (until,) = re.findall(r"until (\d\d):(\d\d):(\d\d) UTC", said)
+            h, m, s = map(int, until)
+            ahead = (h * 3600 + m * 60 + s - time.time()) % 86400
+            assert 40 <= ahead <= 62, (said, ahead)
         assert f"{address}: journal off" in lines
         assert report["stats"]["journal"] is None
+    finally:
+        server.kill()
+
+
+def test_status_metrics_and_page_count_the_client_sessions_and_the_grants_they_keep(
+    tmp_path: Path,
+) -> None:
+    """One client process holds two locks on its session, a plain connection a third: the
+    metrics, the status page and `celery dflock status` (text and --json) count the sessions
+    and the grants they keep (the CLI's connection joins no session)."""
+    port, metrics = free_port(), free_port()
+    address = f"127.0.0.1:{port}"
+    server = _state_server(
+        tmp_path / "state", port, "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1"
+    )
+    try:
+        with Client(servers=[("127.0.0.1", port)]) as client, Wire(("127.0.0.1", port)) as plain:
+            held = [client.lock(f"cli:session:{n}") for n in (1, 2)]
+            assert all(lock.acquire() for lock in held)
+            assert plain.req("l", "cli:plain", "0 60").startswith("ok ")
+            base = f"http://127.0.0.1:{metrics}"
+            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            samples = {
+                s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            }
+            assert (samples["dflockd_sessions"], samples["dflockd_session_grants"]) == (1, 2)
+            with urllib.request.urlopen(f"{base}/status?refresh=0", timeout=10) as response:
+                page = response.read().decode()
+            assert "1 client session(s) keeping 2 grant(s)" in page, page
+            env = _cli_env(address)
+            (report,) = json.loads(_celery(env, "dflock", "status", "--json").stdout)
+            assert (report["stats"]["sessions"], report["stats"]["session_grants"]) == (1, 2)
+            status = _celery(env, "dflock", "status").stdout.splitlines()
+            assert status[0].split()[:4] == ["server", "reachable", "connections", "sessions"]
+            row = status[2].split()  # connections: the client's own (a lock's, pooled ones), ...
+            assert [row[0], *row[3:5]] == [address, "1", "3"], status  # sessions, locks
+            for lock in held:
+                lock.release()
     finally:
         server.kill()

@@ -60,14 +60,15 @@ def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
             }
         ],
         "semaphores": [{"key": "pool&co", "limit": 3, "holders": 2, "waiters": 0}],
-        "degraded": [conditions.grace(4.0, "").as_json()],
+        "degraded": [conditions.grace(4.0, "", 4.0).as_json()],
     }
     page = render('dflockd-server on "x"', stats, 2, 0.0)
     assert '<meta http-equiv="refresh" content="2">' in page
     assert "report:&lt;i&gt;1&lt;/i&gt;" in page and "<i>" not in page
     assert "proj.tasks.&lt;script&gt;" in page and "<script>" not in page
     assert "pool&amp;co" in page and "dflockd-server on &quot;x&quot;" in page
-    for shown in ("celery@w1", "4242", "1 h 02 min", "12.5 s", "restored", "Restart grace"):
+    shown_all = ("celery@w1", "4242", "1 h 02 min", "12.5 s", "restored", "Restart grace")
+    for shown in (*shown_all, "4.0 s left (until 00:00:04 UTC)"):
         assert shown in page, shown
     assert "refresh" not in render("t", {"locks": []}, 0, 0.0)  # ?refresh=0: never
     assert "No lock is held." in render("t", {}, 0, 0.0)
@@ -80,7 +81,7 @@ def test_the_page_says_each_degraded_state_in_a_banner_the_errors_first() -> Non
     moving = conditions.cluster_conditions(False, None, {"moving_out": 3, "serving": 5})
     stats = {
         "locks": [],
-        "degraded": [c.as_json() for c in (conditions.grace(4.0, "why"), *moving, read_only)],
+        "degraded": [c.as_json() for c in (conditions.grace(4.0, "why", 0.0), *moving, read_only)],
     }
     page = render("t", stats, 2, 0.0)
     banners = re.findall(r'<p class="banner (\w+)" role="alert" data-condition="(\w+)">', page)

@@ -201,8 +201,9 @@ class AsyncConnection:
         reply = await self.request(
             Command.HELLO, _requests.encode_join_session(session.id, session.ttl), timeout
         )
-        info = server_info(self.endpoint, reply)  # raises for a refusal (auth, draining)
+        info = server_info(self.endpoint, reply, sent)  # raises for a refusal (auth, draining)
         if isinstance(reply, _replies.Hello):
+            self.server = info  # this run's (a restart grace, its run)
             session.durable = info.supports(wire.FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
             session.answered(sent)
@@ -247,9 +248,9 @@ class AsyncConnection:
     async def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
-        info = server_info(
-            self.endpoint, await self.request(Command.HELLO, _requests.encode_hello(), timeout)
-        )
+        sent = time.monotonic()
+        reply = await self.request(Command.HELLO, _requests.encode_hello(), timeout)
+        info = server_info(self.endpoint, reply, sent)
         if info.legacy:
             self.close(abort=True)  # some close it after `error`: never reuse it
         return info

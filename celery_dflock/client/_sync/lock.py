@@ -103,6 +103,12 @@ class LockBase:
         return self._core.routing.handover
 
     @property
+    def grace(self) -> str | None:
+        """Why the last acquire failed when its server was in its restart grace, granting no
+        key until every lease its previous run may have granted has ended (else None)."""
+        return self._core.grace
+
+    @property
     def token(self) -> str | None:
         """The current grant's token (a bearer credential: do not log it), or None."""
         return self._core.grant.token
@@ -355,6 +361,7 @@ class LockBase:
             core = self._core
             raise LockNotAcquired(
                 core.routing.handover
+                or core.grace
                 or f"could not acquire {core.what} on {core.endpoint.address} "
                 f"within {core.routing.acquire_timeout_s}s"
             )
