@@ -21,6 +21,7 @@ lock server) and `celery_dflock._request` (Celery's request and message).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -258,9 +259,9 @@ def contended(
             f"{mine}); a lock and a semaphore on one key exclude each other: give every use "
             f"of the key the same lock_limit, or give the lock another lock_key"
         )
-        logger.warning("dflock: %s: %s", run, why)
+    level = logging.INFO if mismatch is None else logging.WARNING  # a clash is a mistake
     if options.on_locked == "skip":
-        logger.info("dflock: skipping %s: %s", run, why)
+        logger.log(level, "dflock: skipping %s: %s", run, why)
         lock_skipped.send(
             sender=message.task,
             task_id=message.task_id,
@@ -288,7 +289,8 @@ def contended(
             f"(wait in the key's queue)"
         )
     countdown = retry_countdown(done, options)
-    logger.info(
+    logger.log(
+        level,
         "dflock: %s retries in %.2fs: %s (lock retry %d of %s)",
         run,
         countdown,

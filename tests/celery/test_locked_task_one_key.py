@@ -60,6 +60,8 @@ def test_a_lock_and_a_semaphore_on_one_key_never_overlap(
     # key were two resources), and says why; only then does the first run end.
     assert worker.wait_output(MISMATCH_HINT, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
     assert not event_log.events("started", task_id=second.id)
+    said = [line for line in worker.output().splitlines() if MISMATCH_HINT in line]
+    assert len([line for line in said if "dflock:" in line]) == 1, said  # said once, not twice
     release.touch()
     assert first.get(timeout=RESULT_TIMEOUT_S) == 0
     assert second.get(timeout=RESULT_TIMEOUT_S) == 1  # retried once the key was free
