@@ -13,6 +13,7 @@ import redis.asyncio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import (
     FenceColumnMissing,
     FenceMissing,
@@ -97,6 +98,15 @@ async def test_the_async_upsert_and_update_keep_the_highest_fence(
             )
             == 0
         )
+    with pytest.raises(InvalidValueError, match="where is None"):  # it updated nothing: 0
+        async with async_engine.begin() as db:
+            await sqlalchemy_aio.fenced_update(
+                db,
+                ACCOUNTS,
+                None,
+                fence=1,
+                values={"balance": 1},  # pyright: ignore[reportArgumentType]
+            )
 
 
 async def test_the_async_face_through_an_async_session(async_engine: AsyncEngine) -> None:
