@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below, require_fence
 
 __all__ = [
     "HSET",
@@ -21,25 +22,27 @@ __all__ = [
 
 Value = str | bytes | int | float
 
-SET: Final = """
-local seen = redis.call('GET', KEYS[2])
-if seen and string.rep('0', #ARGV[1] - #seen) .. seen > ARGV[1] then return seen end
+_COMPARE: Final = """
+if seen and not (#seen <= 20 and string.find(seen, '^%d+$')) then return {seen} end
+if seen and string.rep('0', 20 - #seen) .. seen > ARGV[1] then return seen end
+"""
+"""Nil if ``seen``, the kept fence, is none or not above ARGV[1], the padded fence; else the
+fence that refuses the write, or, when it is no fence (20 digits at most), it in a list. The
+kept fence is padded as it is compared: one set by other means than these scripts
+(``SET <key>:dflock_fence 12``) compares as the number it is."""
+
+SET: Final = f"""local seen = redis.call('GET', KEYS[2]){_COMPARE}
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1])
 return false
 """
-"""KEYS: the value's key, the fence's key; ARGV: the padded fence, the value. Nil if written,
-else the fence that refused it. The kept fence is padded as it is compared: one set by other
-means than these scripts (``SET <key>:dflock_fence 12``) compares as the number it is."""
+"""KEYS: the value's key, the fence's key; ARGV: the padded fence, the value."""
 
-HSET: Final = """
-local seen = redis.call('HGET', KEYS[1], ARGV[1])
-if seen and string.rep('0', #ARGV[2] - #seen) .. seen > ARGV[2] then return seen end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
+HSET: Final = f"""local seen = redis.call('HGET', KEYS[1], ARGV[2]){_COMPARE}
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[1], unpack(ARGV, 3))
 return false
 """
-"""KEYS: the hash; ARGV: the fence's field, the padded fence, then field, value, ... Nil if
-written, else the fence that refused it."""
+"""KEYS: the hash; ARGV: the padded fence, the fence's field, then field, value, ..."""
 
 
 def fence_key_of(key: str) -> str:
@@ -56,6 +59,19 @@ class ScriptCall:
     args: list[Value]
     label: str
     fence: int
+    kept: str  # where the fence is kept, for a message
+
+    def refuse(self, seen: object) -> None:
+        """Raise what the script's answer ``seen`` says refused the write, if it did."""
+        if not isinstance(seen, list):
+            return refuse_below(self.label, self.fence, seen)
+        raw = cast("list[object]", seen)[0]
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        raise InvalidValueError(
+            f"fenced write to {self.label} refused: {self.kept} holds {text!r}, which is no "
+            "fence (a decimal integer of at most 20 digits), so nothing was written; set it "
+            "to the highest fence written there (0 if none is known)"
+        )
 
 
 def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -> ScriptCall:
@@ -64,7 +80,8 @@ def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -
     where = fence_key or fence_key_of(key)
     if where == key:
         raise ValueError(f"fenced write to {label}: fence_key is the value's own key; name another")
-    return ScriptCall(SET, [key, where], [_padded(checked), value], label, checked)
+    args: list[Value] = [_padded(checked), value]
+    return ScriptCall(SET, [key, where], args, label, checked, f"the key {where!r}")
 
 
 def hset_call(
@@ -76,10 +93,10 @@ def hset_call(
         raise ValueError(f"fenced write to {label}: no fields to set")
     if fence_name in mapping or fence_name.encode() in mapping:
         raise ValueError(f"fenced write to {label}: the field {fence_name!r} holds the fence")
-    args: list[Value] = [fence_name, _padded(checked)]
+    args: list[Value] = [_padded(checked), fence_name]
     for field, value in mapping.items():
         args += [field, value]
-    return ScriptCall(HSET, [key], args, label, checked)
+    return ScriptCall(HSET, [key], args, label, checked, f"the hash's field {fence_name!r}")
 
 
 def pipelined(helper: str, client: object) -> TypeError:
