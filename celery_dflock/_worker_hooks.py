@@ -322,6 +322,8 @@ class _Hooks:
             if isinstance(key, str) and isinstance(token, str):
                 whose = f"left by dead pool child {pid}"
                 self._release(key, token, limit, whose, "its lease will expire")
+            else:
+                logger.warning("dflock: dropped a damaged held-lock record in %s: %r", path, entry)
             records.forget(path, entry)
 
 

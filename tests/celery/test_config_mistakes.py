@@ -391,6 +391,29 @@ def test_records_left_by_a_killed_worker_are_cleaned_up_at_the_next_start(
     assert len(records_dirs(private_tmp)) == 1  # the new worker's own
 
 
+def left_by_a_dead_worker(tmp: Path, *entries: dict[str, object]) -> Path:
+    """The records directory of a worker main process that is gone, holding ``entries``."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = tmp / f"celery-dflock-{os.getuid()}-{gone.pid}"
+    left.mkdir(mode=0o700)
+    (left / "4242.held").write_text(json.dumps(list(entries)))
+    return left
+
+
+def test_a_damaged_record_left_by_a_dead_worker_is_logged_when_dropped(
+    factory: Callable[..., WorkerFactory], tmp_path: Path
+) -> None:
+    """A record whose key or token is not text was dropped without a word (it was logged)."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    left = left_by_a_dead_worker(private_tmp, {"task_id": "t", "key": 7, "token": None, "pid": 0})
+    worker = factory().start(pool="solo", concurrency=1, env={"TMPDIR": str(private_tmp)})
+    said = f"dflock: dropped a damaged held-lock record in {left / '4242.held'}"
+    assert worker.wait_output(said, timeout=15), worker.output()[-3000:]
+    assert "'key': 7" in worker.output()
+
+
 def test_upper_case_beat_settings_are_read() -> None:
     from celery_dflock.beat import BeatSettings
 
