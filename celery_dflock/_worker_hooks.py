@@ -109,7 +109,7 @@ class _Hooks:
         self.main_pid = os.getpid()
         inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
         runtime = get_runtime(self.app)
-        runtime.records = HeldRecords.for_main_process(self.main_pid)
+        runtime.records = HeldRecords.for_main_process(self.main_pid, self._servers())
         _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers", self.main_pid)
         if runtime.records is None:
             logger.warning(
@@ -289,11 +289,14 @@ class _Hooks:
                 logger.info("dflock: released %r %s", key, whose)
 
     def _clean_up_after_dead_workers(self, main_pid: int) -> None:
-        for records in HeldRecords.left_by_dead_workers(main_pid):
+        for records in HeldRecords.left_by_dead_workers(main_pid, self._servers()):
             self._release_from(records, None, wait_s=0)
             if not records.entries():
                 records.remove_all()
                 logger.info("dflock: removed %s, left by a worker that is gone", records.directory)
+
+    def _servers(self) -> tuple[tuple[str, int], ...]:
+        return get_config(self.app).client.servers
 
     def _in_main_process(self) -> bool:
         return self.main_pid == os.getpid()
