@@ -108,20 +108,20 @@ class _Hooks:
             raise SystemExit(f"Error: {exc}") from exc
         self.main_pid = os.getpid()
         inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
-        runtime = get_runtime(self.app)
-        runtime.records = HeldRecords.for_main_process(self.main_pid, self._servers())
+        get_runtime(self.app).records = HeldRecords.for_main_process(self.main_pid, self._servers())
+
+    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """Config warnings and the clean-up after dead workers, once the worker logs (it does
+        not yet at ``worker_init``)."""
+        if not self._ours(sender):
+            return
         _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers", self.main_pid)
-        if runtime.records is None:
+        if get_runtime(self.app).records is None:
             logger.warning(
                 "dflock: no private directory for held-lock records in %s; locks of killed "
                 "pool children are freed by the server (auto-release) or their lease only",
                 tempfile.gettempdir(),
             )
-
-    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
-        """Config warnings, once the worker logs (it does not yet at ``worker_init``)."""
-        if not self._ours(sender):
-            return
         for warning in [
             *unknown_task_locks(self.app),
             *countdowns_past_visibility(self.app, self.locked_task),
