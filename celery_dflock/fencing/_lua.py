@@ -23,22 +23,24 @@ __all__ = [
 Value = str | bytes | int | float
 
 _COMPARE: Final = """
+if type(seen) == 'table' then return {} end
 if seen and not (#seen <= 20 and string.find(seen, '^%d+$')) then return {seen} end
 if seen and string.rep('0', 20 - #seen) .. seen > ARGV[1] then return seen end
 """
 """Nil if ``seen``, the kept fence, is none or not above ARGV[1], the padded fence; else the
-fence that refuses the write, or, when it is no fence (20 digits at most), it in a list. The
-kept fence is padded as it is compared: one set by other means than these scripts
+fence that refuses the write, or, when it is no fence (20 digits at most), it in a list (an
+empty list: the key read holds another type of value, ``seen`` its error). The kept fence is
+padded as it is compared: one set by other means than these scripts
 (``SET <key>:dflock_fence 12``) compares as the number it is."""
 
-SET: Final = f"""local seen = redis.call('GET', KEYS[2]){_COMPARE}
+SET: Final = f"""local seen = redis.pcall('GET', KEYS[2]){_COMPARE}
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1])
 return false
 """
 """KEYS: the value's key, the fence's key; ARGV: the padded fence, the value."""
 
-HSET: Final = f"""local seen = redis.call('HGET', KEYS[1], ARGV[2]){_COMPARE}
+HSET: Final = f"""local seen = redis.pcall('HGET', KEYS[1], ARGV[2]){_COMPARE}
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[1], unpack(ARGV, 3))
 return false
 """
@@ -65,6 +67,13 @@ class ScriptCall:
         """Raise what the script's answer ``seen`` says refused the write, if it did."""
         if not isinstance(seen, list):
             return refuse_below(self.label, self.fence, seen)
+        if not seen:
+            kind = "hash" if self.script == HSET else "string"
+            raise InvalidValueError(
+                f"fenced write to {self.label} refused: the key {self.keys[-1]!r} holds another "
+                f"type of value than a {kind}, so nothing was written; write each key with one "
+                "of fenced_set (a string) and fenced_hset (a hash), and nothing else"
+            )
         raw = cast("list[object]", seen)[0]
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         raise InvalidValueError(

@@ -127,3 +127,19 @@ def test_a_kept_fence_that_is_no_fence_is_refused_saying_so(
     with pytest.raises(InvalidValueError, match=r"the hash's field 'dflock_fence' holds"):
         fenced_hset(store_redis, key, {"total": 2}, fence=200)
     assert store_redis.hget(key, "total") == b"1"
+
+
+def test_a_key_of_another_type_is_named(store_redis: redis.Redis, key: str) -> None:
+    """Redis's ``WRONGTYPE Operation against a key holding the wrong kind of value`` named no
+    key and said nothing of what to do."""
+    store_redis.set(key, "a string")
+    said = f"the key '{key}' holds another type of value than a hash"
+    with pytest.raises(InvalidValueError, match=re.escape(said)):
+        fenced_hset(store_redis, key, {"total": 1}, fence=5)
+    assert store_redis.get(key) == b"a string"
+    store_redis.delete(key)
+    store_redis.hset(fence_key_of(key), "a", 1)
+    said = f"the key '{fence_key_of(key)}' holds another type of value than a string"
+    with pytest.raises(InvalidValueError, match=re.escape(said)):
+        fenced_set(store_redis, key, "value", fence=5)
+    assert store_redis.get(key) is None
