@@ -193,6 +193,7 @@ CHILD_EXIT_WAIT_S: Final = 10.0
 """How long the main process waits for a child to exit before it releases the child's lock."""
 
 AnyLock = DistributedLock | DistributedSemaphore
+Servers = tuple[tuple[str, int], ...]
 
 
 def pid_gone(pid: int, timeout: float) -> bool:
@@ -231,13 +232,14 @@ class HeldRecords:
     _edits: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @staticmethod
-    def _prefix(servers: tuple[tuple[str, int], ...]) -> str:
-        """The name of the records directories of workers on ``servers``, less their pid."""
-        digest = hashlib.blake2b(repr(sorted(servers)).encode(), digest_size=4).hexdigest()
+    def _prefix(servers: Servers) -> str:
+        """The name of the records directories of workers on ``servers`` (as ordered: that
+        routes the keys), less their pid."""
+        digest = hashlib.blake2b(repr(servers).encode(), digest_size=4).hexdigest()
         return f"celery-dflock-{os.getuid()}-{digest}-"
 
     @classmethod
-    def for_main_process(cls, pid: int, servers: tuple[tuple[str, int], ...]) -> HeldRecords | None:
+    def for_main_process(cls, pid: int, servers: Servers) -> HeldRecords | None:
         """The records directory of worker main process ``pid`` on lock ``servers``; None unless
         it is ours and private (tokens are bearer credentials)."""
         directory = Path(tempfile.gettempdir()) / f"{cls._prefix(servers)}{pid}"
@@ -251,9 +253,7 @@ class HeldRecords:
         return cls(directory)
 
     @classmethod
-    def left_by_dead_workers(
-        cls, pid: int, servers: tuple[tuple[str, int], ...]
-    ) -> list[HeldRecords]:
+    def left_by_dead_workers(cls, pid: int, servers: Servers) -> list[HeldRecords]:
         """The records directories of gone worker main processes (killed with -9, say) on lock
         ``servers``: only they can release what those hold."""
         prefix = cls._prefix(servers)

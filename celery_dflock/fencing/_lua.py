@@ -61,25 +61,20 @@ class ScriptCall:
     args: list[Value]
     label: str
     fence: int
-    kept: str  # where the fence is kept, for a message
 
     def refuse(self, seen: object) -> None:
         """Raise what the script's answer ``seen`` says refused the write, if it did."""
         if not isinstance(seen, list):
             return refuse_below(self.label, self.fence, seen)
-        if not seen:
-            kind = "hash" if self.script == HSET else "string"
-            raise InvalidValueError(
-                f"fenced write to {self.label} refused: the key {self.keys[-1]!r} holds another "
-                f"type of value than a {kind}, so nothing was written; write each key with one "
-                "of fenced_set (a string) and fenced_hset (a hash), and nothing else"
-            )
-        raw = cast("list[object]", seen)[0]
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        hashed, where = self.script == HSET, f"the key {self.keys[-1]!r}"
+        what = f"no {'hash' if hashed else 'string'}: write it with fenced_set or fenced_hset only"
+        if seen:  # the kept fence, which is no fence
+            raw = cast("list[bytes | str]", seen)[0]
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            where = f"the field {self.args[1]!r} of {where}" if hashed else where
+            what = f"{text!r}, not a fence of up to 20 digits: set it to the highest fence written"
         raise InvalidValueError(
-            f"fenced write to {self.label} refused: {self.kept} holds {text!r}, which is no "
-            "fence (a decimal integer of at most 20 digits), so nothing was written; set it "
-            "to the highest fence written there (0 if none is known)"
+            f"fenced write to {self.label} refused: {where} holds {what}; nothing was written"
         )
 
 
@@ -89,8 +84,7 @@ def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -
     where = fence_key or fence_key_of(key)
     if where == key:
         raise ValueError(f"fenced write to {label}: fence_key is the value's own key; name another")
-    args: list[Value] = [_padded(checked), value]
-    return ScriptCall(SET, [key, where], args, label, checked, f"the key {where!r}")
+    return ScriptCall(SET, [key, where], [_padded(checked), value], label, checked)
 
 
 def hset_call(
@@ -105,7 +99,7 @@ def hset_call(
     args: list[Value] = [_padded(checked), fence_name]
     for field, value in mapping.items():
         args += [field, value]
-    return ScriptCall(HSET, [key], args, label, checked, f"the hash's field {fence_name!r}")
+    return ScriptCall(HSET, [key], args, label, checked)
 
 
 def pipelined(helper: str, client: object) -> TypeError:

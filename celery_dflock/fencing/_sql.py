@@ -152,9 +152,8 @@ class FencedUpdate:
         target = table_of(table)
         if isinstance(where, bool | None):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidValueError(
-                f"fenced_update of {target.fullname}: where is {where}, a Python value, not a "
-                "condition on the table's columns (False or None match no row, True every "
-                "row); name the row: table.c.id == 7"
+                f"fenced_update of {target.fullname}: where is {where}, not a condition on the "
+                "columns (None, False: no row; True: every row); name the row: table.c.id == 7"
             )
 
         def label() -> str:  # compiled for a message only

@@ -160,7 +160,7 @@ async def test_redis_asyncio_keeps_the_highest_fence(async_redis: redis.asyncio.
         with pytest.raises(FenceMissing):
             await redis_aio.fenced_set(async_redis, key, "x", fence=None)
         await async_redis.set(fence_key_of(key), "1.5")  # it let any write through
-        with pytest.raises(InvalidValueError, match=r"holds '1\.5', which is no fence"):
+        with pytest.raises(InvalidValueError, match=r"holds '1\.5', not a fence"):
             await redis_aio.fenced_set(async_redis, key, "x", fence=100)
     finally:
         await async_redis.delete(key, fence_key_of(key), f"{key}:h")
