@@ -312,21 +312,20 @@ class _Hooks:
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
         for path, entry in records.entries(task_id):
-            pid = int(entry.get("pid", 0))
-            if pid and not pid_gone(pid, wait_s):
+            pid, key, token = entry.get("pid", 0), entry.get("key"), entry.get("token")
+            if not (type(pid) is int and isinstance(key, str) and isinstance(token, str)):
+                logger.warning("dflock: dropped a damaged held-lock record in %s: %r", path, entry)
+            elif pid and not pid_gone(pid, wait_s):
                 logger.info(
                     "dflock: pool child %s still runs task %s; it releases %r itself",
                     pid,
                     task_id,
-                    entry.get("key"),
+                    key,
                 )
                 continue
-            key, token, limit = entry.get("key"), entry.get("token"), entry.get("limit")
-            if isinstance(key, str) and isinstance(token, str):
-                whose = f"left by dead pool child {pid}"
-                self._release(key, token, limit, whose, "its lease will expire")
             else:
-                logger.warning("dflock: dropped a damaged held-lock record in %s: %r", path, entry)
+                whose = f"left by dead pool child {pid}"
+                self._release(key, token, entry.get("limit"), whose, "its lease will expire")
             records.forget(path, entry)
 
 

@@ -439,16 +439,18 @@ def left_by_a_dead_worker(
 def test_a_damaged_record_left_by_a_dead_worker_is_logged_when_dropped(
     factory: Callable[..., WorkerFactory], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A record whose key or token is not text was dropped without a word (it was logged)."""
+    """A record whose key or token is not text was dropped without a word (it was logged); one
+    whose pid is no number ended the clean-up with a ValueError, leaving the rest."""
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     workers = factory()
+    no_pid = {"task_id": "t", "key": "k", "token": "0" * 32, "pid": "x"}
     damaged = {"task_id": "t", "key": 7, "token": None, "pid": 0}
-    left = left_by_a_dead_worker(monkeypatch, private_tmp, workers, damaged)
+    left = left_by_a_dead_worker(monkeypatch, private_tmp, workers, no_pid, damaged)
     worker = workers.start(pool="solo", concurrency=1, env={"TMPDIR": str(private_tmp)})
     said = f"dflock: dropped a damaged held-lock record in {left / '4242.held'}"
-    assert worker.wait_output(said, timeout=15), worker.output()[-3000:]
-    assert "'key': 7" in worker.output()
+    assert worker.wait_output(f"{said}: {damaged!r}", timeout=15), worker.output()[-3000:]
+    assert f"{said}: {no_pid!r}" in worker.output()
 
 
 def test_upper_case_beat_settings_are_read() -> None:
