@@ -420,7 +420,7 @@ def test_a_worker_frees_only_what_workers_of_its_own_lock_servers_left(
 
 
 def left_by_a_dead_worker(
-    monkeypatch: pytest.MonkeyPatch, tmp: Path, workers: WorkerFactory, *entries: dict[str, object]
+    monkeypatch: pytest.MonkeyPatch, tmp: Path, workers: WorkerFactory, *entries: object
 ) -> Path:
     """The records directory in ``tmp`` of a gone worker main process of ``workers``' lock
     servers, holding ``entries``."""
