@@ -15,6 +15,7 @@ the server notices the closed connection (``--session-ttl`` later, or at the lea
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import select
@@ -192,6 +193,7 @@ CHILD_EXIT_WAIT_S: Final = 10.0
 """How long the main process waits for a child to exit before it releases the child's lock."""
 
 AnyLock = DistributedLock | DistributedSemaphore
+Servers = tuple[tuple[str, int], ...]
 
 
 def pid_gone(pid: int, timeout: float) -> bool:
@@ -229,11 +231,18 @@ class HeldRecords:
     directory: Path
     _edits: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
+    @staticmethod
+    def _prefix(servers: Servers) -> str:
+        """The name of the records directories of workers on ``servers`` (as ordered: that
+        routes the keys), less their pid."""
+        digest = hashlib.blake2b(repr(servers).encode(), digest_size=4).hexdigest()
+        return f"celery-dflock-{os.getuid()}-{digest}-"
+
     @classmethod
-    def for_main_process(cls, pid: int) -> HeldRecords | None:
-        """The records directory of worker main process ``pid``; None unless it is ours and
-        private (tokens are bearer credentials)."""
-        directory = Path(tempfile.gettempdir()) / f"celery-dflock-{os.getuid()}-{pid}"
+    def for_main_process(cls, pid: int, servers: Servers) -> HeldRecords | None:
+        """The records directory of worker main process ``pid`` on lock ``servers``; None unless
+        it is ours and private (tokens are bearer credentials)."""
+        directory = Path(tempfile.gettempdir()) / f"{cls._prefix(servers)}{pid}"
         try:
             directory.mkdir(mode=0o700, exist_ok=True)
             info = directory.lstat()
@@ -244,9 +253,10 @@ class HeldRecords:
         return cls(directory)
 
     @classmethod
-    def left_by_dead_workers(cls, pid: int) -> list[HeldRecords]:
-        """The records directories of gone worker main processes (killed with -9, say)."""
-        prefix = f"celery-dflock-{os.getuid()}-"
+    def left_by_dead_workers(cls, pid: int, servers: Servers) -> list[HeldRecords]:
+        """The records directories of gone worker main processes (killed with -9, say) on lock
+        ``servers``: only they can release what those hold."""
+        prefix = cls._prefix(servers)
         found: list[HeldRecords] = []
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
             owner = path.name.removeprefix(prefix)

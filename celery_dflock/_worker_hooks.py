@@ -108,20 +108,20 @@ class _Hooks:
             raise SystemExit(f"Error: {exc}") from exc
         self.main_pid = os.getpid()
         inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
-        runtime = get_runtime(self.app)
-        runtime.records = HeldRecords.for_main_process(self.main_pid)
+        get_runtime(self.app).records = HeldRecords.for_main_process(self.main_pid, self._servers())
+
+    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """Config warnings and the clean-up after dead workers, once the worker logs (it does
+        not yet at ``worker_init``)."""
+        if not self._ours(sender):
+            return
         _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers", self.main_pid)
-        if runtime.records is None:
+        if get_runtime(self.app).records is None:
             logger.warning(
                 "dflock: no private directory for held-lock records in %s; locks of killed "
                 "pool children are freed by the server (auto-release) or their lease only",
                 tempfile.gettempdir(),
             )
-
-    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
-        """Config warnings, once the worker logs (it does not yet at ``worker_init``)."""
-        if not self._ours(sender):
-            return
         for warning in [
             *unknown_task_locks(self.app),
             *countdowns_past_visibility(self.app, self.locked_task),
@@ -289,11 +289,14 @@ class _Hooks:
                 logger.info("dflock: released %r %s", key, whose)
 
     def _clean_up_after_dead_workers(self, main_pid: int) -> None:
-        for records in HeldRecords.left_by_dead_workers(main_pid):
+        for records in HeldRecords.left_by_dead_workers(main_pid, self._servers()):
             self._release_from(records, None, wait_s=0)
             if not records.entries():
                 records.remove_all()
                 logger.info("dflock: removed %s, left by a worker that is gone", records.directory)
+
+    def _servers(self) -> tuple[tuple[str, int], ...]:
+        return get_config(self.app).client.servers
 
     def _in_main_process(self) -> bool:
         return self.main_pid == os.getpid()
@@ -309,19 +312,20 @@ class _Hooks:
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
         for path, entry in records.entries(task_id):
-            pid = int(entry.get("pid", 0))
-            if pid and not pid_gone(pid, wait_s):
+            pid, key, token = entry.get("pid", 0), entry.get("key"), entry.get("token")
+            if not (type(pid) is int and isinstance(key, str) and isinstance(token, str)):
+                logger.warning("dflock: dropped a damaged held-lock record in %s: %r", path, entry)
+            elif pid and not pid_gone(pid, wait_s):
                 logger.info(
                     "dflock: pool child %s still runs task %s; it releases %r itself",
                     pid,
                     task_id,
-                    entry.get("key"),
+                    key,
                 )
                 continue
-            key, token, limit = entry.get("key"), entry.get("token"), entry.get("limit")
-            if isinstance(key, str) and isinstance(token, str):
+            else:
                 whose = f"left by dead pool child {pid}"
-                self._release(key, token, limit, whose, "its lease will expire")
+                self._release(key, token, entry.get("limit"), whose, "its lease will expire")
             records.forget(path, entry)
 
 

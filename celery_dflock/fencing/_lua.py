@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below, require_fence
 
 __all__ = [
     "HSET",
@@ -21,25 +22,29 @@ __all__ = [
 
 Value = str | bytes | int | float
 
-SET: Final = """
-local seen = redis.call('GET', KEYS[2])
-if seen and string.rep('0', #ARGV[1] - #seen) .. seen > ARGV[1] then return seen end
+_COMPARE: Final = """
+if type(seen) == 'table' then return {} end
+if seen and not (#seen <= 20 and string.find(seen, '^%d+$')) then return {seen} end
+if seen and string.rep('0', 20 - #seen) .. seen > ARGV[1] then return seen end
+"""
+"""Nil if ``seen``, the kept fence, is none or not above ARGV[1], the padded fence; else the
+fence that refuses the write, or, when it is no fence (20 digits at most), it in a list (an
+empty list: the key read holds another type of value, ``seen`` its error). The kept fence is
+padded as it is compared: one set by other means than these scripts
+(``SET <key>:dflock_fence 12``) compares as the number it is."""
+
+SET: Final = f"""local seen = redis.pcall('GET', KEYS[2]){_COMPARE}
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], ARGV[1])
 return false
 """
-"""KEYS: the value's key, the fence's key; ARGV: the padded fence, the value. Nil if written,
-else the fence that refused it. The kept fence is padded as it is compared: one set by other
-means than these scripts (``SET <key>:dflock_fence 12``) compares as the number it is."""
+"""KEYS: the value's key, the fence's key; ARGV: the padded fence, the value."""
 
-HSET: Final = """
-local seen = redis.call('HGET', KEYS[1], ARGV[1])
-if seen and string.rep('0', #ARGV[2] - #seen) .. seen > ARGV[2] then return seen end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
+HSET: Final = f"""local seen = redis.pcall('HGET', KEYS[1], ARGV[2]){_COMPARE}
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[1], unpack(ARGV, 3))
 return false
 """
-"""KEYS: the hash; ARGV: the fence's field, the padded fence, then field, value, ... Nil if
-written, else the fence that refused it."""
+"""KEYS: the hash; ARGV: the padded fence, the fence's field, then field, value, ..."""
 
 
 def fence_key_of(key: str) -> str:
@@ -56,6 +61,21 @@ class ScriptCall:
     args: list[Value]
     label: str
     fence: int
+
+    def refuse(self, seen: object) -> None:
+        """Raise what the script's answer ``seen`` says refused the write, if it did."""
+        if not isinstance(seen, list):
+            return refuse_below(self.label, self.fence, seen)
+        hashed, where = self.script == HSET, f"the key {self.keys[-1]!r}"
+        what = f"no {'hash' if hashed else 'string'}: write it with fenced_set or fenced_hset only"
+        if seen:  # the kept fence, which is no fence
+            raw = cast("list[bytes | str]", seen)[0]
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+            where = f"the field {self.args[1]!r} of {where}" if hashed else where
+            what = f"{text!r}, not a fence of up to 20 digits: set it to the highest fence written"
+        raise InvalidValueError(
+            f"fenced write to {self.label} refused: {where} holds {what}; nothing was written"
+        )
 
 
 def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -> ScriptCall:
@@ -76,7 +96,7 @@ def hset_call(
         raise ValueError(f"fenced write to {label}: no fields to set")
     if fence_name in mapping or fence_name.encode() in mapping:
         raise ValueError(f"fenced write to {label}: the field {fence_name!r} holds the fence")
-    args: list[Value] = [fence_name, _padded(checked)]
+    args: list[Value] = [_padded(checked), fence_name]
     for field, value in mapping.items():
         args += [field, value]
     return ScriptCall(HSET, [key], args, label, checked)

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import CompileError, DBAPIError
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.errors import FenceColumnMissing
 from celery_dflock.fencing.fences import (
     FENCE_COLUMN,
@@ -149,6 +150,11 @@ class FencedUpdate:
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpdate:
         target = table_of(table)
+        if isinstance(where, bool | None):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise InvalidValueError(
+                f"fenced_update of {target.fullname}: where is {where}, not a condition on the "
+                "columns (None, False: no row; True: every row); name the row: table.c.id == 7"
+            )
 
         def label() -> str:  # compiled for a message only
             return f"{target.fullname} where {described(where)}"

@@ -33,7 +33,7 @@ from celery_dflock.fencing._lua import (
     pipelined,
     set_call,
 )
-from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
+from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set", "highest_fence"]
 
@@ -77,7 +77,7 @@ def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:
         if callable(close):
             close()
         raise TypeError(_unsupported(helper, client))
-    refuse_below(call.label, call.fence, seen)
+    call.refuse(seen)
 
 
 def _unsupported(helper: str, client: object) -> str:

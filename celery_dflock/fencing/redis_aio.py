@@ -23,7 +23,7 @@ from celery_dflock.fencing._lua import (
     pipelined,
     set_call,
 )
-from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
+from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set"]
 
@@ -62,4 +62,4 @@ async def _run(client: redis.asyncio.Redis, helper: str, call: ScriptCall) -> No
             f"celery_dflock.fencing.redis.{helper} for a blocking client"
         )
     seen = await client.register_script(call.script)(keys=call.keys, args=call.args)
-    refuse_below(call.label, call.fence, seen)
+    call.refuse(seen)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -389,6 +390,67 @@ def test_records_left_by_a_killed_worker_are_cleaned_up_at_the_next_start(
         time.sleep(0.1)
     assert not left.exists(), [p.name for p in records_dirs(private_tmp)]
     assert len(records_dirs(private_tmp)) == 1  # the new worker's own
+
+
+def test_a_worker_frees_only_what_workers_of_its_own_lock_servers_left(
+    factory: Callable[..., WorkerFactory],
+    tmp_path: Path,
+    dflock_server_factory: Callable[..., ServerThread],
+) -> None:
+    """Two apps on one host, each on its own lock server: a worker of the one took the records
+    a killed worker of the other left, sent their release to its own server (which never
+    granted them) and deleted them, so the key stayed held until its session ended."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = {"TMPDIR": str(private_tmp)}
+    other = dflock_server_factory()
+    on_other = {"dflock_servers": f"{other.host}:{other.port}"}
+    workers = factory()
+    killed = workers.start(pool="prefork", concurrency=1, settings=on_other, env=env)
+    name = uuid.uuid4().hex[:8]
+    Celery("sender", set_as_current=False, config_source=workers.settings).send_task(
+        "apps.tasks.end_block", (name,)
+    )
+    workers.log.wait_event("body", 30, name=name)
+    killed.kill()
+    workers.start(pool="solo", concurrency=1, env=env)  # the app on dflock_server
+    again = workers.start(pool="solo", concurrency=1, settings=on_other, env=env)
+    said = f"end:{name}' left by dead pool child"
+    assert again.wait_output(said, timeout=15), again.output()[-3000:]
+
+
+def left_by_a_dead_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp: Path, workers: WorkerFactory, *entries: object
+) -> Path:
+    """The records directory in ``tmp`` of a gone worker main process of ``workers``' lock
+    servers, holding ``entries``."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    app = Celery("records", set_as_current=False, config_source=workers.settings)
+    servers = get_config(app).client.servers
+    app.close()
+    left = _runtime.HeldRecords.for_main_process(gone.pid, servers)
+    assert left is not None
+    (left.directory / "4242.held").write_text(json.dumps(list(entries)))
+    return left.directory
+
+
+def test_a_damaged_record_left_by_a_dead_worker_is_logged_when_dropped(
+    factory: Callable[..., WorkerFactory], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record whose key or token is not text was dropped without a word (it was logged); one
+    whose pid is no number ended the clean-up with a ValueError, leaving the rest."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    workers = factory()
+    no_pid = {"task_id": "t", "key": "k", "token": "0" * 32, "pid": "x"}
+    damaged = {"task_id": "t", "key": 7, "token": None, "pid": 0}
+    left = left_by_a_dead_worker(monkeypatch, private_tmp, workers, no_pid, damaged)
+    worker = workers.start(pool="solo", concurrency=1, env={"TMPDIR": str(private_tmp)})
+    said = f"dflock: dropped a damaged held-lock record in {left / '4242.held'}"
+    assert worker.wait_output(f"{said}: {damaged!r}", timeout=15), worker.output()[-3000:]
+    assert f"{said}: {no_pid!r}" in worker.output()
 
 
 def test_upper_case_beat_settings_are_read() -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import (
     FenceColumnMissing,
     FenceMissing,
@@ -97,6 +99,10 @@ async def test_the_async_upsert_and_update_keep_the_highest_fence(
             )
             == 0
         )
+    with pytest.raises(InvalidValueError, match="where is None"):  # it updated nothing: 0
+        async with async_engine.begin() as db:
+            nowhere: Any = None
+            await sqlalchemy_aio.fenced_update(db, ACCOUNTS, nowhere, fence=1, values={})
 
 
 async def test_the_async_face_through_an_async_session(async_engine: AsyncEngine) -> None:
@@ -153,5 +159,8 @@ async def test_redis_asyncio_keeps_the_highest_fence(async_redis: redis.asyncio.
         assert await async_redis.hget(f"{key}:h", "total") == b"3"
         with pytest.raises(FenceMissing):
             await redis_aio.fenced_set(async_redis, key, "x", fence=None)
+        await async_redis.set(fence_key_of(key), "1.5")  # it let any write through
+        with pytest.raises(InvalidValueError, match=r"holds '1\.5', not a fence"):
+            await redis_aio.fenced_set(async_redis, key, "x", fence=100)
     finally:
         await async_redis.delete(key, fence_key_of(key), f"{key}:h")

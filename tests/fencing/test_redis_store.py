@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import FenceMissing, StaleFence
 from celery_dflock.fencing.redis import fence_key_of, fenced_hset, fenced_set, highest_fence
 
@@ -107,3 +109,39 @@ def test_a_write_that_would_overwrite_its_own_fence_is_refused(
     with pytest.raises(ValueError, match="holds the fence"):
         fenced_hset(store_redis, key, {b"dflock_fence": "x"}, fence=5)  # pyright: ignore[reportArgumentType]
     assert store_redis.exists(key, fence_key_of(key)) == 0
+
+
+@pytest.mark.parametrize("kept", ["junk", "1.5", "-5", "", "000000000000000000000300"])
+def test_a_kept_fence_that_is_no_fence_is_refused_saying_so(
+    store_redis: redis.Redis, key: str, kept: str
+) -> None:
+    """The script compared whatever the fence's key held as a padded string: "1.5", "-5" and ""
+    let any write through, a 24-digit "...300" let fence 200 through, and "junk" refused the
+    write with Python's ``invalid literal for int()``."""
+    store_redis.set(fence_key_of(key), kept)
+    with pytest.raises(InvalidValueError, match=re.escape(f"holds {kept!r}, not a fence of")):
+        fenced_set(store_redis, key, "value", fence=200)
+    assert store_redis.get(key) is None
+    store_redis.delete(fence_key_of(key))
+    store_redis.hset(key, mapping={"dflock_fence": kept, "total": 1})
+    with pytest.raises(
+        InvalidValueError, match=rf"the field 'dflock_fence' of the key '{key}' holds"
+    ):
+        fenced_hset(store_redis, key, {"total": 2}, fence=200)
+    assert store_redis.hget(key, "total") == b"1"
+
+
+def test_a_key_of_another_type_is_named(store_redis: redis.Redis, key: str) -> None:
+    """Redis's ``WRONGTYPE Operation against a key holding the wrong kind of value`` named no
+    key and said nothing of what to do."""
+    store_redis.set(key, "a string")
+    said = f"the key '{key}' holds no hash: write it with fenced_set or fenced_hset only"
+    with pytest.raises(InvalidValueError, match=re.escape(said)):
+        fenced_hset(store_redis, key, {"total": 1}, fence=5)
+    assert store_redis.get(key) == b"a string"
+    store_redis.delete(key)
+    store_redis.hset(fence_key_of(key), "a", 1)
+    said = f"the key '{fence_key_of(key)}' holds no string"
+    with pytest.raises(InvalidValueError, match=re.escape(said)):
+        fenced_set(store_redis, key, "value", fence=5)
+    assert store_redis.get(key) is None

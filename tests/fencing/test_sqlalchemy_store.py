@@ -152,3 +152,14 @@ def test_values_that_set_the_fence_column_are_refused(engine: sa.Engine, account
                 update=values,
             )
     assert row(engine, account) == (1, 20)
+
+
+@pytest.mark.parametrize("where", [None, False, True])
+def test_a_where_that_is_no_sql_condition_is_refused(
+    engine: sa.Engine, account: int, where: object
+) -> None:
+    """None (and a bool, as ``row.id == 7`` on a loaded row gives) updated no row and returned 0,
+    as for a row that is not there, or (True) every row of the table."""
+    with engine.begin() as db, pytest.raises(InvalidValueError, match=f"where is {where},"):
+        fenced_update(db, ACCOUNTS, where, fence=5, values={"balance": 9})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    assert row(engine, account) == (0, 0)
