@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from ssl import SSLContext
-from typing import Self
+from typing import Self, TypeVar
 
 from celery_dflock.client import _by_token, _requests
+from celery_dflock.client._by_token import Request
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._replies import Ok
 from celery_dflock.client._router import ClusterRouter, split_address
-from celery_dflock.client._servers import Hold
+from celery_dflock.client._servers import Hold, ServerInfo
 from celery_dflock.client._settings import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -42,13 +43,17 @@ from celery_dflock.client._settings import (
 from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.lock import DistributedLock, DistributedSemaphore
 from celery_dflock.client._sync.pool import ConnectionPool
-from celery_dflock.client._sync.routing import BuildAt, send_by_token, send_to_owner
+from celery_dflock.client._sync.routing import send_by_token, send_to_owner
 from celery_dflock.client._sync.status import ask, ask_shards
 from celery_dflock.client._sync_backend import gather
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.sharding import CLUSTER, Routing, select_server, stable_hash_shard
 
 __all__ = ["Client"]
+
+T = TypeVar("T")
+ByToken = Callable[[ServerInfo | None, str, str, str, T], Request]
+"""Builds a request by token: (server, its ``host:port``, key, token, lease or note)."""
 
 
 class Client:
@@ -128,26 +133,8 @@ class Client:
     ) -> DistributedLock:
         """An unacquired lock on ``key``; None: the client's default. ``note``: the owner note
         each acquire gives a server with holds (``stats`` and ``lock.holder`` show it)."""
-        return self._lock(
-            key, self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s), on_lost, note
-        )
-
-    def _lock(
-        self,
-        key: str,
-        acquire_timeout_s: int | None,
-        lease_ttl_s: int | None,
-        on_lost: Callable[[DistributedLock], object] | None = None,
-        note: str | None = None,
-    ) -> DistributedLock:
-        core = LockCore(
-            key,
-            self._settings,
-            acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=lease_ttl_s,
-            router=self._router,
-            note=note,
-        )
+        timeout, lease = self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s)
+        core = self._core(key, timeout, lease, note=note)
         return DistributedLock._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def semaphore(
@@ -160,15 +147,29 @@ class Client:
         on_lost: Callable[[DistributedSemaphore], object] | None = None,
     ) -> DistributedSemaphore:
         """An unacquired semaphore of ``limit`` slots on ``key``."""
-        core = LockCore(
+        slots = check_limit(limit, semaphore=True)
+        timeout, lease = self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s)
+        core = self._core(key, timeout, lease, limit=slots)
+        return DistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
+
+    def _core(
+        self,
+        key: str,
+        acquire_timeout_s: int | None,
+        lease_ttl_s: int | None,
+        *,
+        limit: int | None = None,
+        note: str | None = None,
+    ) -> LockCore:
+        return LockCore(
             key,
             self._settings,
-            limit=check_limit(limit, semaphore=True),
-            acquire_timeout_s=self._acquire_timeout(acquire_timeout_s),
-            lease_ttl_s=self._lease(lease_ttl_s),
+            limit=limit,
+            acquire_timeout_s=acquire_timeout_s,
+            lease_ttl_s=lease_ttl_s,
             router=self._router,
+            note=note,
         )
-        return DistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     @staticmethod
     def _acquire_timeout(acquire_timeout_s: float | None) -> int | None:
@@ -200,7 +201,8 @@ class Client:
         `detach` (a publish-time hold confirmed only once its message is sent)."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         wait = whole_seconds("timeout", timeout, minimum=0)
-        return self._lock(key, wait, lease).hold(note, detached=detached)
+        lock = DistributedLock._of(self._core(key, wait, lease), None, self._pool)  # pyright: ignore[reportPrivateUsage]
+        return lock.hold(note, detached=detached)
 
     def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
         """Release ``token`` on ``key`` (``limit``: a semaphore's slot): True if the server
@@ -215,28 +217,18 @@ class Client:
         """Detach ``token``'s grant on ``key`` from its connection (``hd``) with a lease of
         ``lease_ttl`` seconds: False if it no longer holds the key."""
         lease = lease_seconds("lease_ttl", lease_ttl)
-        key, token = _requests.validate_key(key), _requests.validate_token(token)
-        return self._done(
-            key, lambda server, where: _by_token.detach_request(server, where, key, token, lease)
-        )
+        return self._done(_by_token.detach_request, key, token, lease)
 
     def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
         the key."""
         lease = lease_seconds("lease_ttl", lease_ttl)
-        key, token = _requests.validate_key(key), _requests.validate_token(token)
-        return self._done(
-            key, lambda server, where: _by_token.renew_request(server, where, key, token, lease)
-        )
+        return self._done(_by_token.renew_request, key, token, lease)
 
     def note(self, key: str, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on ``key``: False if it no longer
         holds the key."""
-        key, note = _requests.validate_key(key), _requests.validate_note(note)
-        token = _requests.validate_token(token)  # before any I/O, as the others
-        return self._done(
-            key, lambda server, where: _by_token.note_request(server, where, key, token, note)
-        )
+        return self._done(_by_token.note_request, key, token, _requests.validate_note(note))
 
     def force_release(self, key: str, *, note: str | None = None) -> int:
         """Free ``key`` whoever holds it (an operator's act, ``fr``): every grant on it ends
@@ -254,8 +246,17 @@ class Client:
         )
         return _by_token.freed(command, reply, key, at)
 
-    def _done(self, key: str, build: BuildAt) -> bool:
-        command, reply, at = send_by_token(self._pool, self._settings, self._router, key, build)
+    def _done(self, build: ByToken[T], key: str, token: str, last: T) -> bool:
+        """``build``'s request about ``token`` on ``key`` (both checked here, before any I/O;
+        ``last``: its lease or note, checked already): True done."""
+        key, token = _requests.validate_key(key), _requests.validate_token(token)
+        command, reply, at = send_by_token(
+            self._pool,
+            self._settings,
+            self._router,
+            key,
+            lambda server, where: build(server, where, key, token, last),
+        )
         return _by_token.done(command, reply, key, at)
 
     def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
