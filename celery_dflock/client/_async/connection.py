@@ -174,24 +174,19 @@ class AsyncConnection:
         (it answers ``error`` and may close): a fresh connection is opened."""
         conn = await cls.open(endpoint)
         joins = sessions is not None and server is not None and server.keeps_sessions
-        if server is None or (server.session_ttl_s is not None and not joins):
-            # Each connection to a server with connection sessions opts in with `hello`.
-            try:
+        try:
+            if server is None or (server.session_ttl_s is not None and not joins):
+                # Each connection to a server with connection sessions opts in with `hello`.
                 server = await conn.hello()
-            except BaseException:
-                conn.close()
-                raise
-            if conn.closed:
-                conn = await cls.open(endpoint)
-        conn.server = server
-        if sessions is not None and server.keeps_sessions:
-            try:
-                await conn.join(
-                    sessions.current(endpoint, server.session_ttl(endpoint.session_ttl_s))
-                )
-            except BaseException:
-                conn.close()
-                raise
+                if conn.closed:
+                    conn = await cls.open(endpoint)
+            conn.server = server
+            if sessions is not None and server.keeps_sessions:
+                ttl = server.session_ttl(endpoint.session_ttl_s)
+                await conn.join(sessions.current(endpoint, ttl))
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     async def join(self, session: ClientSession) -> None:
@@ -237,13 +232,12 @@ class AsyncConnection:
             return
         try:
             reply = await self.request(Command.AUTH, _requests.encode_auth(token))
+            error = auth_reply_error(self.endpoint, reply)
+            if error is not None:
+                raise error
         except BaseException:
             await self.aclose()
             raise
-        error = auth_reply_error(self.endpoint, reply)
-        if error is not None:
-            await self.aclose()
-            raise error
 
     async def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""

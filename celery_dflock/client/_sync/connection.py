@@ -170,22 +170,19 @@ class Connection:
         (it answers ``error`` and may close): a fresh connection is opened."""
         conn = cls.open(endpoint)
         joins = sessions is not None and server is not None and server.keeps_sessions
-        if server is None or (server.session_ttl_s is not None and not joins):
-            # Each connection to a server with connection sessions opts in with `hello`.
-            try:
+        try:
+            if server is None or (server.session_ttl_s is not None and not joins):
+                # Each connection to a server with connection sessions opts in with `hello`.
                 server = conn.hello()
-            except BaseException:
-                conn.close()
-                raise
-            if conn.closed:
-                conn = cls.open(endpoint)
-        conn.server = server
-        if sessions is not None and server.keeps_sessions:
-            try:
-                conn.join(sessions.current(endpoint, server.session_ttl(endpoint.session_ttl_s)))
-            except BaseException:
-                conn.close()
-                raise
+                if conn.closed:
+                    conn = cls.open(endpoint)
+            conn.server = server
+            if sessions is not None and server.keeps_sessions:
+                ttl = server.session_ttl(endpoint.session_ttl_s)
+                conn.join(sessions.current(endpoint, ttl))
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def join(self, session: ClientSession) -> None:
@@ -229,13 +226,12 @@ class Connection:
             return
         try:
             reply = self.request(Command.AUTH, _requests.encode_auth(token))
+            error = auth_reply_error(self.endpoint, reply)
+            if error is not None:
+                raise error
         except BaseException:
             self.close()
             raise
-        error = auth_reply_error(self.endpoint, reply)
-        if error is not None:
-            self.close()
-            raise error
 
     def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
