@@ -255,14 +255,6 @@ class AsyncHolding:
             await self.checkin(conn)
         return False
 
-    def unless_broken(self, conn: AsyncConnection | None) -> AsyncConnection | None:
-        """``conn``, or None when it broke while idle (closed; the request goes on a new one)."""
-        if conn is not None and conn.broken_while_idle():
-            conn.close()
-            self.core.connection_broke(CLOSED_BY_SERVER)
-            return None
-        return conn
-
     async def _renew_request(self, conn: AsyncConnection) -> RenewOutcome:
         """One renewal by token on ``conn``; a connection that breaks or drains is dropped."""
         command, data, timeout = self.core.renew_request()
@@ -344,12 +336,16 @@ class AsyncHolding:
         core: LockCore | None = None,
         once: bool = False,
     ) -> tuple[Reply, AsyncConnection, bool] | None:
-        """Send ``build``'s request about the held grant (renewal stopped) on ``conn``, or on
-        new connections while the lease runs. Returns the reply, its connection, and whether
-        an earlier attempt may have reached the server; None when the lease ran out
-        unanswered, or (``once``) the first attempt on a new connection was. ``core``: a
-        background release's copy."""
+        """Send ``build``'s request about the held grant (renewal stopped) on ``conn`` (unless
+        it broke while idle: closed), or on new connections while the lease runs. Returns the
+        reply, its connection, and whether an earlier attempt may have reached the server; None
+        when the lease ran out unanswered, or (``once``) the first attempt on a new connection
+        was. ``core``: a background release's copy."""
         core = self.core if core is None else core
+        if conn is not None and conn.broken_while_idle():
+            conn.close()
+            core.connection_broke(CLOSED_BY_SERVER)
+            conn = None
         retried = False
         fresh = conn is None
         while True:
@@ -419,9 +415,7 @@ class AsyncHolding:
         if core.lost:
             return await self.let_go(conn)
         try:
-            sent = await self.request_held(
-                self.unless_broken(conn), lambda _: core.release_request(), once=True
-            )
+            sent = await self.request_held(conn, lambda _: core.release_request(), once=True)
         except BaseException:
             self.abandon()  # the request closed the connection; a session may keep the grant
             raise

@@ -532,7 +532,7 @@ class AsyncDistributedLock(AsyncLockBase):
                 return await holding.let_go(conn)
             try:
                 sent = await holding.request_held(
-                    holding.unless_broken(conn), lambda server: core.hand_off_request(lease, server)
+                    conn, lambda server: core.hand_off_request(lease, server)
                 )
             except BaseException:
                 core.reset()

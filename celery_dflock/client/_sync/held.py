@@ -257,14 +257,6 @@ class Holding:
             self.checkin(conn)
         return False
 
-    def unless_broken(self, conn: Connection | None) -> Connection | None:
-        """``conn``, or None when it broke while idle (closed; the request goes on a new one)."""
-        if conn is not None and conn.broken_while_idle():
-            conn.close()
-            self.core.connection_broke(CLOSED_BY_SERVER)
-            return None
-        return conn
-
     def _renew_request(self, conn: Connection) -> RenewOutcome:
         """One renewal by token on ``conn``; a connection that breaks or drains is dropped."""
         command, data, timeout = self.core.renew_request()
@@ -346,12 +338,16 @@ class Holding:
         core: LockCore | None = None,
         once: bool = False,
     ) -> tuple[Reply, Connection, bool] | None:
-        """Send ``build``'s request about the held grant (renewal stopped) on ``conn``, or on
-        new connections while the lease runs. Returns the reply, its connection, and whether
-        an earlier attempt may have reached the server; None when the lease ran out
-        unanswered, or (``once``) the first attempt on a new connection was. ``core``: a
-        background release's copy."""
+        """Send ``build``'s request about the held grant (renewal stopped) on ``conn`` (unless
+        it broke while idle: closed), or on new connections while the lease runs. Returns the
+        reply, its connection, and whether an earlier attempt may have reached the server; None
+        when the lease ran out unanswered, or (``once``) the first attempt on a new connection
+        was. ``core``: a background release's copy."""
         core = self.core if core is None else core
+        if conn is not None and conn.broken_while_idle():
+            conn.close()
+            core.connection_broke(CLOSED_BY_SERVER)
+            conn = None
         retried = False
         fresh = conn is None
         while True:
@@ -421,9 +417,7 @@ class Holding:
         if core.lost:
             return self.let_go(conn)
         try:
-            sent = self.request_held(
-                self.unless_broken(conn), lambda _: core.release_request(), once=True
-            )
+            sent = self.request_held(conn, lambda _: core.release_request(), once=True)
         except BaseException:
             self.abandon()  # the request closed the connection; a session may keep the grant
             raise

@@ -531,7 +531,7 @@ class DistributedLock(LockBase):
                 return holding.let_go(conn)
             try:
                 sent = holding.request_held(
-                    holding.unless_broken(conn), lambda server: core.hand_off_request(lease, server)
+                    conn, lambda server: core.hand_off_request(lease, server)
                 )
             except BaseException:
                 core.reset()
