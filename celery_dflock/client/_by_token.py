@@ -1,7 +1,7 @@
 """Requests about a grant named by its token, without a lock object (no I/O here): release,
-renew, detach, note and force release, built and read here. Their key comes checked, and a
-renewal's or detach's token and lease too (here against the server's longest lease); the rest
-is checked here.
+renew, detach, note and force release, built and read here. What they carry comes checked (a
+lease here against the server's longest lease too), but a release's token and limit, checked
+here.
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def detach_request(
 
 def note_request(server: ServerInfo | None, where: str, key: str, token: str, note: str) -> Request:
     require_holds(server, where, describe_lock(key))
-    return Command.NOTE, _requests.encode_note(key, token, note), REPLY_GRACE_S
+    return Command.NOTE, _requests.checked_note(key, token, note), REPLY_GRACE_S
 
 
 def force_release_request(
     server: ServerInfo | None, where: str, key: str, note: str | None
 ) -> Request:
     require_force_release(server, where)
-    return Command.FORCE_RELEASE, _requests.encode_force_release(key, note), REPLY_GRACE_S
+    return Command.FORCE_RELEASE, _requests.checked_force_release(key, note), REPLY_GRACE_S
 
 
 def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:

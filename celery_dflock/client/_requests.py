@@ -154,15 +154,12 @@ def checked_take(key: str, token: str, lease_s: int, on_close_s: int | None, not
     return _request(Command.TAKE, key, f"{token} {lease_s} {on_close} {note}")
 
 
-def encode_note(key: str, token: str, note: str) -> bytes:
-    return _request(
-        Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
-    )
+def checked_note(key: str, token: str, note: str) -> bytes:
+    return _request(Command.NOTE, key, f"{token} {note}")
 
 
-def encode_force_release(key: str, note: str | None = None) -> bytes:
-    argument = wire.PLACEHOLDER if note is None else validate_note(note, "the operator's note")
-    return _request(Command.FORCE_RELEASE, validate_key(key), argument)
+def checked_force_release(key: str, note: str | None = None) -> bytes:
+    return _request(Command.FORCE_RELEASE, key, wire.PLACEHOLDER if note is None else note)
 
 
 def checked_wait(key: str, timeout_s: int, *, semaphore: bool) -> bytes:

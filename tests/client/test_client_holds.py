@@ -45,7 +45,7 @@ def test_hold_and_note_requests_and_their_replies() -> None:
     token = "0" * 16 + "a" * 16
     assert _requests.checked_hold("k", 0, 30, "t/h", detached=True) == b"hl\nk\n0 30 d t/h\n"
     assert _requests.checked_hold("k", 5, 9, "n", detached=False) == b"hl\nk\n5 9 c n\n"
-    assert _requests.encode_note("k", token, "x") == f"note\nk\n{token} x\n".encode()
+    assert _requests.checked_note("k", token, "x") == f"note\nk\n{token} x\n".encode()
     assert _replies.decode_reply(Command.HOLD, b"timeout _") == TimedOut(None)
     assert _replies.decode_reply(Command.HOLD, b"timeout id%2F1/h") == TimedOut("id%2F1/h")
     assert _replies.decode_reply(Command.NOTE, b"ok") == _replies.Ok()

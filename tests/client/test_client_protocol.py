@@ -286,11 +286,11 @@ def test_every_command_has_an_encoder() -> None:
         _requests.encode_hello(),
         _requests.encode_shards(),
         _requests.checked_hold("k", 0, 30, "note", detached=True),
-        _requests.encode_note("k", TOKEN, "note"),
+        _requests.checked_note("k", TOKEN, "note"),
         _requests.checked_take("k", TOKEN, 30, None, "note"),
         _requests.checked_hand_down("k", TOKEN, 30),
         _requests.encode_asking(),
-        _requests.encode_force_release("k"),
+        _requests.checked_force_release("k"),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
     assert {c.value for c in Command} == set(constants.COMMANDS)

@@ -37,20 +37,22 @@ def owner_index(key: str, members: int) -> int:
 
 # ------------------------------------------------------------------------------ the codec
 def test_the_request_and_its_replies() -> None:
-    assert _requests.encode_force_release("k") == b"fr\nk\n_\n"
-    assert _requests.encode_force_release("k", "ops:alice") == b"fr\nk\nops:alice\n"
+    assert _requests.checked_force_release("k") == b"fr\nk\n_\n"
+    assert _requests.checked_force_release("k", "ops:alice") == b"fr\nk\nops:alice\n"
     assert _replies.decode_reply(Command.FORCE_RELEASE, b"ok 2") == Freed(2)
     assert _replies.decode_reply(Command.FORCE_RELEASE, b"error") == ErrorReply("error")
     assert _replies.decode_reply(Command.FORCE_RELEASE, b"error_moved b:1") == Moved("b:1")
     for bad in (b"ok", b"ok -1", b"ok 1 2"):
         with pytest.raises(ProtocolError):
             _replies.decode_reply(Command.FORCE_RELEASE, bad)
+    # What it carries is checked where it enters, before any I/O (no server listens here).
+    client = Client([("127.0.0.1", 1)])
     with pytest.raises(InvalidValueError, match="whitespace"):
-        _requests.encode_force_release("a b")
+        client.force_release("a b")
     with pytest.raises(InvalidValueError, match="must not be empty"):
-        _requests.encode_force_release("")
+        client.force_release("")
     with pytest.raises(InvalidValueError, match="the operator's note"):
-        _requests.encode_force_release("k", "two words")
+        client.force_release("k", note="two words")
 
 
 # ------------------------------------------------------------------------------ both faces
@@ -134,7 +136,7 @@ def test_a_member_that_does_not_serve_the_key_redirects_and_the_client_follows(
         lock = fleet.lock(key)
         assert lock.acquire()
         first = servers[0]
-        assert raw_request(first, _requests.encode_force_release(key)) == (
+        assert raw_request(first, _requests.checked_force_release(key)) == (
             f"error_moved {servers[1][0]}:{servers[1][1]}".encode()
         )
         with Client([first]) as one:
@@ -147,6 +149,6 @@ def test_force_release_needs_the_secret_where_the_server_has_one(
     dflock_server_factory: Callable[..., ServerThread],
 ) -> None:
     server = dflock_server_factory(auth_token="s3cret")
-    assert raw_request(server.address, _requests.encode_force_release("k")) == b"error_auth"
+    assert raw_request(server.address, _requests.checked_force_release("k")) == b"error_auth"
     with Client([server.address], auth_token="s3cret") as client, client.lock("k"):
         assert client.force_release("k") == 1
