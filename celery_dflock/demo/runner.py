@@ -226,29 +226,19 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
             f"and {BEATS} beats\n"
         )
         for i in range(1, WORKERS + 1):
-            _spawn(
-                started,
-                f"worker-{i}",
-                [
-                    "worker", "-P", "prefork", "-c", str(WORKER_CONCURRENCY),
-                    "-n", f"worker-{i}@%h", "--loglevel", "WARNING",
-                    "--without-heartbeat", "--without-mingle", "--without-gossip",
-                ],
-                env,
-                folder,
-            )  # fmt: skip
+            argv = [
+                "worker", "-P", "prefork", "-c", str(WORKER_CONCURRENCY),
+                "-n", f"worker-{i}@%h", "--loglevel", "WARNING",
+                "--without-heartbeat", "--without-mingle", "--without-gossip",
+            ]  # fmt: skip
+            _spawn(started, f"worker-{i}", argv, env, folder)
         _wait_ready(started, folder, out, stop)
         for i in range(1, BEATS + 1):
-            _spawn(
-                started,
-                f"beat-{i}",
-                [
-                    "beat", "-S", f"{DEMO_APP}:DemoScheduler",
-                    "-s", str(folder / f"beat-{i}.schedule"), "--loglevel", "WARNING",
-                ],
-                env,
-                folder,
-            )  # fmt: skip
+            argv = [
+                "beat", "-S", f"{DEMO_APP}:DemoScheduler",
+                "-s", str(folder / f"beat-{i}.schedule"), "--loglevel", "WARNING",
+            ]  # fmt: skip
+            _spawn(started, f"beat-{i}", argv, env, folder)
         for name in CELERY_ENV_OVERRIDES:
             os.environ.pop(name, None)
         os.environ.update(env)  # the app module reads its settings at import
