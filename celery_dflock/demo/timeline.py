@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
@@ -112,11 +111,8 @@ def judge(events: Iterable[Event]) -> Verdict:
         else:
             verdict.beat_sends[ev.worker] = verdict.beat_sends.get(ev.worker, 0) + 1
     verdict.unfinished = sorted(f"{k}/{tid}" for (k, tid, _f) in starts)
-    by_key: dict[str, list[Run]] = defaultdict(list)
-    for run in verdict.runs:
-        by_key[run.key].append(run)
-    for runs in by_key.values():
-        runs.sort(key=lambda r: r.start)
+    for key in dict.fromkeys(r.key for r in verdict.runs):
+        runs = sorted((r for r in verdict.runs if r.key == key), key=lambda r: r.start)
         for before, after in pairwise(runs):
             if after.start < before.end:
                 verdict.overlaps.append((before, after))
