@@ -275,16 +275,12 @@ class AsyncClient:
         """`_endpoints`; in cluster mode the seeds, then every member their ``shards`` name."""
         if server is not None or self._router is None:
             return self._endpoints(server)
-        found = list(self._settings.servers)
+        found = dict.fromkeys(self._settings.servers)  # in order, each once
         for answer in await self.shards():
             info = answer.shards
-            if info is None:
-                continue
-            named = [*info.members, *(info.cluster.nodes if info.cluster is not None else ())]
-            for name in named:
-                address = split_address(name)
-                if address not in found:
-                    found.append(address)
+            if info is not None:
+                nodes = () if info.cluster is None else info.cluster.nodes
+                found.update(dict.fromkeys(map(split_address, [*info.members, *nodes])))
         return [self._settings.endpoint(*address) for address in found]
 
     def _endpoints(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
