@@ -191,11 +191,7 @@ class AsyncConnection:
 
     async def join(self, session: ClientSession) -> None:
         """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
-        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
-        sent = time.monotonic()
-        reply = await self.request(
-            Command.HELLO, _requests.encode_join_session(session.id, session.ttl), timeout
-        )
+        reply, sent = await self._hello(_requests.encode_join_session(session.id, session.ttl))
         info = server_info(self.endpoint, reply, sent)  # raises for a refusal (auth, draining)
         if isinstance(reply, _replies.Hello):
             self.server = info  # this run's (a restart grace, its run)
@@ -207,9 +203,8 @@ class AsyncConnection:
     async def end_session(self, session: ClientSession) -> None:
         """End ``session`` now (``hello _ session <id> 0``); on a failure it ends by its time."""
         session.end("this client ended it")
-        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         with contextlib.suppress(DflockError):
-            await self.request(Command.HELLO, _requests.encode_join_session(session.id, 0), timeout)
+            await self._hello(_requests.encode_join_session(session.id, 0))
 
     async def keep_alive(self, session: ClientSession, timeout: float) -> bool | None:
         """``ping _ session <id>``: True kept, False the server has no such session, None no
@@ -241,13 +236,17 @@ class AsyncConnection:
 
     async def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
-        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
-        sent = time.monotonic()
-        reply = await self.request(Command.HELLO, _requests.encode_hello(), timeout)
+        reply, sent = await self._hello(_requests.encode_hello())
         info = server_info(self.endpoint, reply, sent)
         if info.legacy:
             self.close(abort=True)  # some close it after `error`: never reuse it
         return info
+
+    async def _hello(self, data: bytes) -> tuple[Reply, float]:
+        """Send a ``hello`` request within ``connect_timeout_s``: its reply and send time."""
+        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
+        sent = time.monotonic()
+        return await self.request(Command.HELLO, data, timeout), sent
 
     async def shards(self) -> dict[str, object] | None:
         """Which keys the server serves (None: it does not know ``shards``)."""
