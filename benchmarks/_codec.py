@@ -11,15 +11,15 @@ from __future__ import annotations
 from typing import Final
 
 from celery_dflock.client._requests import (
+    PING_REQUEST,
+    SHARDS_REQUEST,
+    STATS_REQUEST,
     checked_enqueue,
     checked_hold,
     checked_lock,
     checked_release,
     checked_renew,
     checked_sem_lock,
-    encode_ping,
-    encode_shards,
-    encode_stats,
 )
 
 __all__ = [
@@ -39,9 +39,9 @@ __all__ = [
 SLOT: Final = "%s"
 """A key's or a token's place in a template."""
 
-PING: Final = encode_ping()
-STATS: Final = encode_stats()
-SHARDS: Final = encode_shards()
+PING: Final = PING_REQUEST
+STATS: Final = STATS_REQUEST
+SHARDS: Final = SHARDS_REQUEST
 TRY_LOCK: Final = checked_lock(SLOT, 0, None)
 """``l <key> 0``: try once, the server's default lease; ``% key``."""
 RELEASE: Final = checked_release(SLOT, SLOT)

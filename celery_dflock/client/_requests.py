@@ -1,6 +1,7 @@
 """The dflockd protocol's requests, without I/O: the commands, the checks of what a request
 carries, and one function per request returning its bytes (``checked_*``: of parts checked
-before; ``encode_*``: checking what it is given)."""
+before; ``encode_*``: checking what it is given), or its bytes (``*_REQUEST``) when it carries
+nothing."""
 
 from __future__ import annotations
 
@@ -185,18 +186,12 @@ def encode_auth(secret: str) -> bytes:
     return _request(Command.AUTH, wire.PLACEHOLDER, secret)
 
 
-def encode_stats() -> bytes:
-    return _request(Command.STATS, wire.PLACEHOLDER, wire.PLACEHOLDER)
-
-
-def encode_ping() -> bytes:
-    return _request(Command.PING, wire.PLACEHOLDER, wire.PLACEHOLDER)
-
-
-def encode_hello() -> bytes:
-    """``hello _ session``: on a server that lists ``session``, this connection is a session
-    connection from now on."""
-    return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
+STATS_REQUEST: Final = _request(Command.STATS, wire.PLACEHOLDER, wire.PLACEHOLDER)
+PING_REQUEST: Final = _request(Command.PING, wire.PLACEHOLDER, wire.PLACEHOLDER)
+SHARDS_REQUEST: Final = _request(Command.SHARDS, wire.PLACEHOLDER, wire.PLACEHOLDER)
+HELLO_REQUEST: Final = _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
+"""``hello _ session``: on a server that lists ``session``, this connection is a session
+connection from now on."""
 
 
 def encode_join_session(session_id: str, ttl: int) -> bytes:
@@ -213,10 +208,6 @@ def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
     if key is None or ticket is None:
         return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
     return _request(Command.ASKING, validate_key(key), ticket)
-
-
-def encode_shards() -> bytes:
-    return _request(Command.SHARDS, wire.PLACEHOLDER, wire.PLACEHOLDER)
 
 
 def fence_of(token: str) -> int:

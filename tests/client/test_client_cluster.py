@@ -37,7 +37,7 @@ SHARDS = shardmap.SHARD_COUNT
 
 # ------------------------------------------------------------------------------ codec, pure
 def test_the_shards_request_and_the_new_replies_byte_by_byte() -> None:
-    assert _requests.encode_shards() == b"shards\n_\n_\n"
+    assert _requests.SHARDS_REQUEST == b"shards\n_\n_\n"
     assert _replies.decode_reply(Command.SHARDS, b'ok {"mode":"single"}') == Shards(
         {"mode": "single"}
     )

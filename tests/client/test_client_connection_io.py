@@ -50,12 +50,12 @@ def test_a_connection_the_server_closed_is_not_reused(
     server = dflock_server_factory()
     conn = Connection.open(_endpoint(server.address))
     # (a ping first: the server has then surely taken the connection in before it stops)
-    assert conn.request(Command.PING, _requests.encode_ping()) == _replies.Ok()
+    assert conn.request(Command.PING, _requests.PING_REQUEST) == _replies.Ok()
     assert conn.is_reusable()
     server.stop()
     wait_until(lambda: not conn.is_reusable(), what="EOF seen by poll")
     with pytest.raises(ServerUnavailable):
-        conn.request(Command.PING, _requests.encode_ping())
+        conn.request(Command.PING, _requests.PING_REQUEST)
     assert conn.closed
 
 
@@ -76,7 +76,7 @@ def test_a_send_the_kernel_takes_in_parts_completes() -> None:
         pair = Endpoint("pair", 1)
         conn = Connection(pair, SocketTransport(pair, ours))  # made non-blocking by it
         junk = _fill(ours)
-        request = _requests.encode_ping()
+        request = _requests.PING_REQUEST
         got = bytearray()
 
         def serve() -> None:
@@ -102,5 +102,5 @@ def test_a_send_that_never_finds_room_times_out_and_closes() -> None:
         conn = Connection(pair, SocketTransport(pair, ours))
         _fill(ours)  # nobody reads the peer
         with pytest.raises(ServerUnavailable, match="no reply"):
-            conn.request(Command.PING, _requests.encode_ping(), timeout=0.3)
+            conn.request(Command.PING, _requests.PING_REQUEST, timeout=0.3)
         assert conn.closed

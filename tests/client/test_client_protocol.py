@@ -262,9 +262,9 @@ def test_encoders_produce_exact_requests() -> None:
     assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
     assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
     assert _requests.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
-    assert _requests.encode_stats() == b"stats\n_\n_\n"
-    assert _requests.encode_ping() == b"ping\n_\n_\n"
-    assert _requests.encode_hello() == b"hello\n_\nsession\n"
+    assert _requests.STATS_REQUEST == b"stats\n_\n_\n"
+    assert _requests.PING_REQUEST == b"ping\n_\n_\n"
+    assert _requests.HELLO_REQUEST == b"hello\n_\nsession\n"
     assert _requests.checked_lock("ключ", 1, None) == "l\nключ\n1\n".encode()
 
 
@@ -281,10 +281,10 @@ def test_every_command_has_an_encoder() -> None:
         _requests.checked_renew("k", TOKEN, None, semaphore=True),
         _requests.encode_sem_release("k", TOKEN),
         _requests.encode_auth("x"),
-        _requests.encode_stats(),
-        _requests.encode_ping(),
-        _requests.encode_hello(),
-        _requests.encode_shards(),
+        _requests.STATS_REQUEST,
+        _requests.PING_REQUEST,
+        _requests.HELLO_REQUEST,
+        _requests.SHARDS_REQUEST,
         _requests.checked_hold("k", 0, 30, "note", detached=True),
         _requests.checked_note("k", TOKEN, "note"),
         _requests.checked_take("k", TOKEN, 30, None, "note"),

@@ -267,7 +267,7 @@ class SimClient:
                 return
             self._join(conn, done)
 
-        conn.request(Command.HELLO, _requests.encode_hello(), 10.0, answered)
+        conn.request(Command.HELLO, _requests.HELLO_REQUEST, 10.0, answered)
 
     def _join(self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None]) -> None:
         info = self.info

@@ -221,7 +221,7 @@ class ClusterClient(SimClient):
                         return
                     ask(rest[1:])
 
-                conn.request(Command.SHARDS, _requests.encode_shards(), 10.0, answered)
+                conn.request(Command.SHARDS, _requests.SHARDS_REQUEST, 10.0, answered)
 
             self._checkout(address, connected)
 

@@ -141,7 +141,7 @@ def raw_request(address: tuple[str, int], request: bytes, timeout: float = 10.0)
 
 def stats(address: tuple[str, int]) -> dict[str, object]:
     """The server's ``stats`` JSON."""
-    line = raw_request(address, _requests.encode_stats())
+    line = raw_request(address, _requests.STATS_REQUEST)
     assert line.startswith(b"ok "), line
     return cast(dict[str, object], json.loads(line[3:]))
 

@@ -236,7 +236,7 @@ class AsyncConnection:
 
     async def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
-        reply, sent = await self._hello(_requests.encode_hello())
+        reply, sent = await self._hello(_requests.HELLO_REQUEST)
         info = server_info(self.endpoint, reply, sent)
         if info.legacy:
             self.close(abort=True)  # some close it after `error`: never reuse it
@@ -250,13 +250,13 @@ class AsyncConnection:
 
     async def shards(self) -> dict[str, object] | None:
         """Which keys the server serves (None: it does not know ``shards``)."""
-        reply = await self.request(Command.SHARDS, _requests.encode_shards())
+        reply = await self.request(Command.SHARDS, _requests.SHARDS_REQUEST)
         return reply.data if isinstance(reply, _replies.Shards) else None
 
     async def ping(self) -> bool:
         """True if the server answered ``ping``; a failure closes the connection."""
         try:
-            reply = await self.request(Command.PING, _requests.encode_ping())
+            reply = await self.request(Command.PING, _requests.PING_REQUEST)
         except DflockError:  # (the request closed the connection)
             return False
         return isinstance(reply, _replies.Ok)

@@ -43,7 +43,7 @@ async def ask(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
             info = conn.server or ServerInfo()
             if not (with_stats and (info.legacy or info.supports(wire.FEATURE_STATS))):
                 return ServerStatus(endpoint.address, info)
-            reply = await conn.request(Command.STATS, _requests.encode_stats())
+            reply = await conn.request(Command.STATS, _requests.STATS_REQUEST)
         finally:
             await conn.aclose()
     except DflockError as exc:

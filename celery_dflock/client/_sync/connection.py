@@ -230,7 +230,7 @@ class Connection:
 
     def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
-        reply, sent = self._hello(_requests.encode_hello())
+        reply, sent = self._hello(_requests.HELLO_REQUEST)
         info = server_info(self.endpoint, reply, sent)
         if info.legacy:
             self.close(abort=True)  # some close it after `error`: never reuse it
@@ -244,13 +244,13 @@ class Connection:
 
     def shards(self) -> dict[str, object] | None:
         """Which keys the server serves (None: it does not know ``shards``)."""
-        reply = self.request(Command.SHARDS, _requests.encode_shards())
+        reply = self.request(Command.SHARDS, _requests.SHARDS_REQUEST)
         return reply.data if isinstance(reply, _replies.Shards) else None
 
     def ping(self) -> bool:
         """True if the server answered ``ping``; a failure closes the connection."""
         try:
-            reply = self.request(Command.PING, _requests.encode_ping())
+            reply = self.request(Command.PING, _requests.PING_REQUEST)
         except DflockError:  # (the request closed the connection)
             return False
         return isinstance(reply, _replies.Ok)

@@ -45,7 +45,7 @@ def ask(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
             info = conn.server or ServerInfo()
             if not (with_stats and (info.legacy or info.supports(wire.FEATURE_STATS))):
                 return ServerStatus(endpoint.address, info)
-            reply = conn.request(Command.STATS, _requests.encode_stats())
+            reply = conn.request(Command.STATS, _requests.STATS_REQUEST)
         finally:
             conn.close()
     except DflockError as exc:
