@@ -61,8 +61,18 @@ class AsyncConnection:
 
     @classmethod
     async def open(cls, endpoint: Endpoint) -> Self:
+        """A connection to ``endpoint``, authenticated when it has an ``auth_token``."""
         conn = cls(endpoint, await AsyncStreamTransport.open(endpoint))
-        await conn._authenticate()
+        token = endpoint.auth_token
+        if token is not None:
+            try:
+                reply = await conn.request(Command.AUTH, _requests.encode_auth(token))
+                error = auth_reply_error(endpoint, reply)
+                if error is not None:
+                    raise error
+            except BaseException:
+                await conn.aclose()
+                raise
         return conn
 
     async def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
@@ -220,19 +230,6 @@ class AsyncConnection:
             session.answered(sent, renewed=True)
             return True
         return False
-
-    async def _authenticate(self) -> None:
-        token = self.endpoint.auth_token
-        if token is None:
-            return
-        try:
-            reply = await self.request(Command.AUTH, _requests.encode_auth(token))
-            error = auth_reply_error(self.endpoint, reply)
-            if error is not None:
-                raise error
-        except BaseException:
-            await self.aclose()
-            raise
 
     async def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""

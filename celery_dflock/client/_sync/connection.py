@@ -63,8 +63,18 @@ class Connection:
 
     @classmethod
     def open(cls, endpoint: Endpoint) -> Self:
+        """A connection to ``endpoint``, authenticated when it has an ``auth_token``."""
         conn = cls(endpoint, SocketTransport.open(endpoint))
-        conn._authenticate()
+        token = endpoint.auth_token
+        if token is not None:
+            try:
+                reply = conn.request(Command.AUTH, _requests.encode_auth(token))
+                error = auth_reply_error(endpoint, reply)
+                if error is not None:
+                    raise error
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
     def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
@@ -214,19 +224,6 @@ class Connection:
             session.answered(sent, renewed=True)
             return True
         return False
-
-    def _authenticate(self) -> None:
-        token = self.endpoint.auth_token
-        if token is None:
-            return
-        try:
-            reply = self.request(Command.AUTH, _requests.encode_auth(token))
-            error = auth_reply_error(self.endpoint, reply)
-            if error is not None:
-                raise error
-        except BaseException:
-            self.close()
-            raise
 
     def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
