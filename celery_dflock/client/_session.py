@@ -164,8 +164,7 @@ class Sessions:
 
     def current(self, endpoint: Endpoint, ttl: int) -> ClientSession:
         mine = self._mine()
-        found = mine.get(endpoint.address)
-        session = None if found is None else found[1]
+        _, session = mine.get(endpoint.address, (endpoint, None))
         if session is None or not session.live() or session.ttl != ttl:
             session = ClientSession(ttl)
             mine[endpoint.address] = (endpoint, session)
