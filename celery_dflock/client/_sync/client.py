@@ -19,6 +19,7 @@ server (`celery_dflock.client._async.routing`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from ssl import SSLContext
 from typing import Self, TypeVar
 
@@ -237,13 +238,8 @@ class Client:
         key = _requests.validate_key(key)
         if note is not None:
             _requests.validate_note(note, "the operator's note")
-        command, reply, at = send_to_owner(
-            self._pool,
-            self._settings,
-            self._router,
-            key,
-            lambda server, where: _by_token.force_release_request(server, where, key, note),
-        )
+        build = partial(_by_token.force_release_request, key=key, note=note)
+        command, reply, at = send_to_owner(self._pool, self._settings, self._router, key, build)
         return _by_token.freed(command, reply, key, at)
 
     def _done(self, build: ByToken[T], key: str, token: str, last: T) -> bool:
