@@ -133,15 +133,14 @@ def render(verdict: Verdict, width: int = 60) -> str:
         scale = (width - 1) / span
         label_w = max(len(r.key) for r in runs)
         lines.append(f"{'key':<{label_w}}  |{'time ->':<{width}}| run (worker, fence)")
-        for key in keys:
-            for run in sorted((r for r in runs if r.key == key), key=lambda r: r.start):
-                a = round((run.start - t0) * scale)
-                b = max(a + 1, round((run.end - t0) * scale))
-                bar = " " * a + "#" * (b - a) + " " * (width - b)
-                lines.append(
-                    f"{key:<{label_w}}  |{bar[:width]}| {run.end - run.start:4.1f}s "
-                    f"({run.worker}, fence ...{run.fence % 100000:05d})"
-                )
+        for run in sorted(runs, key=lambda r: (r.key, r.start)):
+            a = round((run.start - t0) * scale)
+            b = max(a + 1, round((run.end - t0) * scale))
+            bar = " " * a + "#" * (b - a) + " " * (width - b)
+            lines.append(
+                f"{run.key:<{label_w}}  |{bar[:width]}| {run.end - run.start:4.1f}s "
+                f"({run.worker}, fence ...{run.fence % 100000:05d})"
+            )
         lines.append(f"{'':<{label_w}}   0s{'':<{width - 8}}{span:5.1f}s")
     lines += [
         "",
