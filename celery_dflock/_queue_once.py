@@ -158,22 +158,21 @@ class PublishHold:
         """The message was sent: detach the hold with its pending lease (or log why not)."""
         key = self.hold.key
         try:
-            done = app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease)
-        except DflockError as exc:
-            done, why = False, f"the lock server did not confirm it ({exc})"
-        else:
+            if app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease):
+                return
             why = (
                 "it was gone (its connection to the lock server closed before the message was sent)"
             )
-        if not done:
-            worker_logger.warning(
-                "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
-                "run takes the key when it starts, and a duplicate may be sent meanwhile",
-                task.name,
-                task_id,
-                key,
-                why,
-            )
+        except DflockError as exc:
+            why = f"the lock server did not confirm it ({exc})"
+        worker_logger.warning(
+            "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
+            "run takes the key when it starts, and a duplicate may be sent meanwhile",
+            task.name,
+            task_id,
+            key,
+            why,
+        )
 
 
 @dataclass(frozen=True, slots=True)
