@@ -357,14 +357,13 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
     if not entry_name:
         return dict(options)  # the entry opted out
     escaped = str(entry_name).replace("{", "{{").replace("}", "}}")  # a literal template
-    lock_options: dict[str, Any] = {
+    where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
+    headers[LOCK_OPTIONS_HEADER] = {
         "lock_key": NONOVERLAP_KEY_PREFIX + escaped,
         "on_locked": "skip",
+        **_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)),
+        **{k: v for k, v in options.items() if k in LOCK_OPTIONS},
     }
-    where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
-    lock_options.update(_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)))
-    lock_options.update({k: v for k, v in options.items() if k in LOCK_OPTIONS})
-    headers[LOCK_OPTIONS_HEADER] = lock_options
     return result
 
 
