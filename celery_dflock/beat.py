@@ -216,8 +216,7 @@ class Leadership:
             if self._lock is not lock:
                 return
             self._lock = None
-        self._active.clear()
-        self._wake.set()
+        self._on_lost(lock)
         _release_quietly(lock)
         logger.warning("beat: lost %s (%s); stopped sending, back to standby", self.describe, why)
 
