@@ -231,7 +231,7 @@ class AsyncConnection:
         if token is None:
             return
         try:
-            reply = await self.request(Command.AUTH, _requests.encode_auth(token))
+            reply = await self.request(Command.AUTH, _requests.checked_auth(token))
         except BaseException:
             await self.aclose()
             raise

@@ -223,7 +223,7 @@ class Connection:
         if token is None:
             return
         try:
-            reply = self.request(Command.AUTH, _requests.encode_auth(token))
+            reply = self.request(Command.AUTH, _requests.checked_auth(token))
         except BaseException:
             self.close()
             raise
