@@ -77,6 +77,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Self, cast
@@ -173,11 +174,9 @@ class Leadership:
             lock = self._lock
         if lock is None or not self._active.is_set() or lock.lost:
             return False
-        try:
+        with suppress(DflockError):
             if lock.renew():
                 return True
-        except DflockError:
-            pass
         self._demote(lock, "the lock server no longer confirms it")
         return False
 
