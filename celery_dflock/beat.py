@@ -540,10 +540,9 @@ class SingletonScheduler(Scheduler):
             try:
                 now = cast("datetime", entry.default_now())
                 entry.last_run_at = now
+                self._active_since[name] = now
             except Exception as exc:  # a broken entry must not stop the others
                 logger.warning("beat: cannot restart entry %r from now: %s", name, exc)
-                continue
-            self._active_since[name] = now
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
         again = cast("Mapping[str, Any]", cast("Any", self).schedule)
         if any(again.get(name) is not entry for name, entry in schedule.items()):
