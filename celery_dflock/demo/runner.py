@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, TextIO
@@ -109,7 +110,7 @@ def _signal_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> N
 
 
 def _spawn(
-    started: list[Child], name: str, argv: Sequence[str], env: dict[str, str], folder: Path
+    started: list[Child], env: dict[str, str], folder: Path, name: str, argv: Sequence[str]
 ) -> None:
     log = folder / f"{name}.log"
     with log.open("wb") as out:
@@ -225,29 +226,24 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
             f"starting {WORKERS} workers (prefork, concurrency {WORKER_CONCURRENCY}) "
             f"and {BEATS} beats\n"
         )
+        spawn = partial(_spawn, started, env, folder)
         for i in range(1, WORKERS + 1):
-            _spawn(
-                started,
+            spawn(
                 f"worker-{i}",
                 [
                     "worker", "-P", "prefork", "-c", str(WORKER_CONCURRENCY),
                     "-n", f"worker-{i}@%h", "--loglevel", "WARNING",
                     "--without-heartbeat", "--without-mingle", "--without-gossip",
                 ],
-                env,
-                folder,
             )  # fmt: skip
         _wait_ready(started, folder, out, stop)
         for i in range(1, BEATS + 1):
-            _spawn(
-                started,
+            spawn(
                 f"beat-{i}",
                 [
                     "beat", "-S", f"{DEMO_APP}:DemoScheduler",
                     "-s", str(folder / f"beat-{i}.schedule"), "--loglevel", "WARNING",
                 ],
-                env,
-                folder,
             )  # fmt: skip
         for name in CELERY_ENV_OVERRIDES:
             os.environ.pop(name, None)

@@ -20,7 +20,12 @@ from celery_dflock.client._replies import (
     TimedOut,
 )
 from celery_dflock.client._requests import Command
-from celery_dflock.client._settings import check_limit, lease_seconds, whole_seconds
+from celery_dflock.client._settings import (
+    check_auth_token,
+    check_limit,
+    lease_seconds,
+    whole_seconds,
+)
 from celery_dflock.client.errors import ProtocolError
 from dflockd_server import constants
 
@@ -261,7 +266,7 @@ def test_encoders_produce_exact_requests() -> None:
     assert _requests.checked_wait("s", 0, semaphore=True) == b"sw\ns\n0\n"
     assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
     assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
-    assert _requests.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
+    assert _requests.checked_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert _requests.encode_stats() == b"stats\n_\n_\n"
     assert _requests.encode_ping() == b"ping\n_\n_\n"
     assert _requests.encode_hello() == b"hello\n_\nsession\n"
@@ -280,7 +285,7 @@ def test_every_command_has_an_encoder() -> None:
         _requests.checked_wait("k", 1, semaphore=True),
         _requests.checked_renew("k", TOKEN, None, semaphore=True),
         _requests.encode_sem_release("k", TOKEN),
-        _requests.encode_auth("x"),
+        _requests.checked_auth("x"),
         _requests.encode_stats(),
         _requests.encode_ping(),
         _requests.encode_hello(),
@@ -335,11 +340,11 @@ def test_longest_key_is_accepted() -> None:
         (lambda: check_limit(1_048_577), "limit must be None"),
         (lambda: _by_token.release_request("k", TOKEN.upper()), "32 lowercase hex"),
         (lambda: _requests.encode_sem_release("k", TOKEN + "\n"), "32 lowercase hex"),
-        (lambda: _requests.encode_auth(""), "non-empty"),
-        (lambda: _requests.encode_auth("line\nbreak"), "line breaks"),
-        (lambda: _requests.encode_auth("secret\n"), "trailing newline"),
-        (lambda: _requests.encode_auth(" padded"), "whitespace"),
-        (lambda: _requests.encode_auth("x" * 65537), "65536"),
+        (lambda: check_auth_token(""), "non-empty"),
+        (lambda: check_auth_token("line\nbreak"), "line breaks"),
+        (lambda: check_auth_token("secret\n"), "trailing newline"),
+        (lambda: check_auth_token(" padded"), "whitespace"),
+        (lambda: check_auth_token("x" * 65537), "65536"),
     ],
 )
 def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, match: str) -> None:

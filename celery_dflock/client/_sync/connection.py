@@ -170,22 +170,18 @@ class Connection:
         (it answers ``error`` and may close): a fresh connection is opened."""
         conn = cls.open(endpoint)
         joins = sessions is not None and server is not None and server.keeps_sessions
-        if server is None or (server.session_ttl_s is not None and not joins):
-            # Each connection to a server with connection sessions opts in with `hello`.
-            try:
+        try:
+            if server is None or (server.session_ttl_s is not None and not joins):
+                # Each connection to a server with connection sessions opts in with `hello`.
                 server = conn.hello()
-            except BaseException:
-                conn.close()
-                raise
-            if conn.closed:
-                conn = cls.open(endpoint)
-        conn.server = server
-        if sessions is not None and server.keeps_sessions:
-            try:
+                if conn.closed:
+                    conn = cls.open(endpoint)
+            conn.server = server
+            if sessions is not None and server.keeps_sessions:
                 conn.join(sessions.current(endpoint, server.session_ttl(endpoint.session_ttl_s)))
-            except BaseException:
-                conn.close()
-                raise
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def join(self, session: ClientSession) -> None:
@@ -228,7 +224,7 @@ class Connection:
         if token is None:
             return
         try:
-            reply = self.request(Command.AUTH, _requests.encode_auth(token))
+            reply = self.request(Command.AUTH, _requests.checked_auth(token))
         except BaseException:
             self.close()
             raise
