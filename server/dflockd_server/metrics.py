@@ -58,7 +58,8 @@ COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
         _INVALID: _INVALID,
     }
 )
-"""The ``command`` label of ``dflockd_request_duration_seconds`` (the opcode is ``opcode``)."""
+"""Every command (the one list of them) and its ``command`` label of
+``dflockd_request_duration_seconds`` (the opcode is ``opcode``)."""
 _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
 
 
@@ -83,7 +84,7 @@ class RequestTimes:
     __slots__ = ("_by_command", "_invalid")
 
     def __init__(self) -> None:
-        self._by_command = {cmd.encode(): _Histogram() for cmd in (*sorted(c.COMMANDS), _INVALID)}
+        self._by_command = {cmd.encode(): _Histogram() for cmd in COMMAND_NAMES}
         self._invalid = self._by_command[_INVALID.encode()]
 
     def observe(self, cmd: bytes, seconds: float) -> None:
