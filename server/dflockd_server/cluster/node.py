@@ -328,7 +328,7 @@ class ClusterNode:
         member = self._member
         now = self._clock()
         valid_until = 0.0 if member is None else member.lease_valid_until
-        reason = self._why_not_a_member(member, now)
+        reason = None if member is None else self._why_not_a_member(member, now)
         if member is None or reason is not None:
             self._self_fence(reason or "not joined")
             if now >= self._next_join:
@@ -407,9 +407,7 @@ class ClusterNode:
         for reply, shards in by_reply.items():
             self.host.fail_waiters(shards, reply)
 
-    def _why_not_a_member(self, member: Member | None, now: float) -> str | None:
-        if member is None:
-            return "not joined"
+    def _why_not_a_member(self, member: Member, now: float) -> str | None:
         if member.lost is not None:
             return member.lost
         if now >= member.lease_valid_until:
