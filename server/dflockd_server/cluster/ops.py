@@ -14,13 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from dflockd_server.cluster.etcd import (
-    EtcdClient,
-    EtcdError,
-    EtcdTransport,
-    parse_etcd_url,
-    tls_context,
-)
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError, EtcdTransport, tls_context
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
@@ -74,7 +68,7 @@ def etcd_client(
     # A call: 5 s or the lease if longer. One of several endpoints is waited for a fifth of
     # the lease, so a keep-alive can move to another and still renew in time.
     timeout = max(5.0, lease_ttl_s)
-    several = len(parse_etcd_url(etcd_url)[1]) > 1
+    several = "," in etcd_url  # its endpoints' list
     client = EtcdClient(
         EtcdTransport(
             etcd_url,
