@@ -108,12 +108,9 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     plan = view.shard_map.rebalance_plan(view.members)
     if dry_run or not plan:
         return RebalanceResult(plan, [], [])
-    if len(view.shard_map) == 0:
-        # No map yet: the first map, as the leader would write it (as moves, no shard would
-        # have a current member until a whole failover wait).
-        new_map = ShardMap.initial(view.members)
-    else:
-        new_map = view.shard_map.apply(plan)
+    # No map yet: the first map, as the leader would write it (as moves, no shard would have a
+    # current member until a whole failover wait).
+    new_map = view.shard_map.apply(plan) if len(view.shard_map) else ShardMap.initial(view.members)
     writes = {m.shard: ShardWrite(view.revisions.get(m.shard, 0), new_map[m.shard]) for m in plan}
     result = write_shards(client, ClusterKeys(prefix).shards, writes)
     return RebalanceResult(plan, sorted(result.written), sorted(result.conflicted))
