@@ -127,7 +127,7 @@ class KeyServing:
         return self._renewals_allowed and (may_hold is None or may_hold(key))
 
     def shards_reply(self) -> bytes:
-        return p.reply_shards(self.ownership.describe())
+        return p.reply_json(self.ownership.describe())
 
     def renewals_allowed(self, allowed: bool) -> None:
         """Serve ``n`` / ``sn`` (True) or answer them ``error`` (False: a fenced cluster
