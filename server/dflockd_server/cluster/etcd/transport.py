@@ -164,14 +164,12 @@ class EtcdTransport:
                     time.sleep(pause)
 
     def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
-        endpoint = self.endpoints[index]
-        conn: http.client.HTTPConnection
-        if self._ssl is not None:
-            conn = http.client.HTTPSConnection(
-                endpoint.host, endpoint.port, timeout=timeout, context=self._ssl
-            )
-        else:
-            conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
+        host, port = self.endpoints[index].host, self.endpoints[index].port
+        conn = (
+            http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
+            if self._ssl is not None
+            else http.client.HTTPConnection(host, port, timeout=timeout)
+        )
         try:
             conn.connect()
         except BaseException:
