@@ -102,7 +102,8 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 class EtcdTransport:
     """etcd v3's JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
-    ``https://``), failing over between the endpoints."""
+    ``https://``), failing over between the endpoints. ``user`` and ``password`` come together,
+    checked where they are given (``Config``, the cluster commands)."""
 
     def __init__(
         self,
@@ -115,8 +116,6 @@ class EtcdTransport:
         password: str | None = None,
     ) -> None:
         tls, endpoints = parse_etcd_url(url)
-        if (user is None) != (password is None):
-            raise ValueError("etcd authentication needs both a user and a password")
         self.endpoints = endpoints
         self.url = f"{'https' if tls else 'http'}://{','.join(map(str, endpoints))}"
         self.timeout = timeout
