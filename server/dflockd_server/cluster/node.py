@@ -150,8 +150,8 @@ class ClusterNode:
         self._member: Member | None = None
         self._step_failures_before = 0
         """``step_failures`` of this node's members before the current one."""
-        self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
-        host.set_ownership(self._ownership)  # grant nothing until the first decision
+        # The server grants nothing until the first decision:
+        self._hand(self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap())))
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
