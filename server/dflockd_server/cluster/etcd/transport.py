@@ -129,7 +129,8 @@ class EtcdTransport:
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._credentials = None if user is None or password is None else (user, password)
         self._lock = threading.Lock()
-        self._preferred = 0
+        self.preferred = 0
+        """The index of the endpoint that answered last (calls go there first)."""
         self._tokens: dict[int, str | None] = {}
         """Endpoint index -> its token (None: etcd said authentication is off)."""
         self.switches = 0
@@ -138,18 +139,13 @@ class EtcdTransport:
     def where(self, index: int) -> str:
         return f"{'https' if self._ssl is not None else 'http'}://{self.endpoints[index]}"
 
-    @property
-    def preferred(self) -> int:
-        """The index of the endpoint that answered last (calls go there first)."""
-        return self._preferred
-
     def attempts(self, timeout: float) -> Iterator[tuple[int, int, float]]:
         """(endpoint, round, seconds left) of each attempt of a call lasting ``timeout``: round
         after round over the endpoints from the preferred one, each round starting one further
         on, with a short pause between rounds."""
         count = len(self.endpoints)
         deadline = time.monotonic() + timeout
-        first = self._preferred
+        first = self.preferred
         attempt = 0
         while True:
             remaining = deadline - time.monotonic()
@@ -275,7 +271,7 @@ class EtcdTransport:
     def switched(self, index: int, failures: Mapping[int, str]) -> None:
         """Endpoint ``index`` answered after ``failures``: calls go there first from now on."""
         with self._lock:
-            old, self._preferred = self._preferred, index
+            old, self.preferred = self.preferred, index
             if old == index:
                 return
             self.switches += 1
