@@ -331,7 +331,7 @@ class Server:
             session_ttl_s=cfg.session_ttl_s,
             grace_s=grace.seconds,
             note_lease=bound.note_now,
-            lease_noted=bound.longest,
+            lease_noted=bound.record.longest,
         )
         bound.table = table
         self.serving.attach(table)
