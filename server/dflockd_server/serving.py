@@ -147,13 +147,11 @@ class KeyServing:
             if waiter is not None and shard_id(waiter.state.key) in wanted:
                 conn.answer_wait(reply)
                 failed += 1
-        for conn in list(self.connections):
             session = conn.session
-            if session is None:
-                continue
-            for key in list(session.client.enqueued):
-                if shard_id(key) in wanted and session.fail_enqueued(key, reply):
-                    failed += 1
+            if session is not None:
+                for key in list(session.client.enqueued):
+                    if shard_id(key) in wanted and session.fail_enqueued(key, reply):
+                        failed += 1
         return failed
 
     def holders_in(self, shard_ids: Collection[int]) -> set[int]:
