@@ -159,10 +159,9 @@ def unpin(client: EtcdClient, prefix: str, shard: int) -> ShardAssignment:
 
 def summary(view: ClusterView) -> list[str]:
     m = view.shard_map
-    live = sorted(view.members)
     lines = [
         f"leader: {view.leader or '(none)'}",
-        f"live members: {', '.join(live) or '(none)'}",
+        f"live members: {', '.join(sorted(view.members)) or '(none)'}",
         f"assigned shards: {len(m)} of {SHARD_COUNT}",
     ]
     serving = Counter(a.current for _, a in m.items() if a.current and not a.moving)
