@@ -218,10 +218,6 @@ class MetricsExporter:
             self._thread.join()
             self._thread = None
 
-    def snapshot(self) -> Snapshot:
-        """A snapshot taken on the server's loop (called from the scrape thread)."""
-        return run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)
-
     def collect(self) -> Iterator[Any]:
         """One scrape's families (the registry's collector: ``start`` registers this)."""
         from prometheus_client.core import (
@@ -230,7 +226,7 @@ class MetricsExporter:
             HistogramMetricFamily,
         )
 
-        snap = self.snapshot()
+        snap = run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)  # on the server's loop
         for name, doc, values, counter in snap.by_kind:
             family = (Counter if counter else Gauge)(f"dflockd_{name}", doc, labels=["kind"])
             for kind, value in zip(("lock", "semaphore"), values, strict=True):
