@@ -189,8 +189,7 @@ class OutageCounter:
     def count(self, state: OutageState) -> None:
         with self._guard:
             self.retries += 1
-            now = time.time()
-            self.last_at = now
+            now = self.last_at = time.time()
             self.longest_s = max(self.longest_s, now - state.since)
 
     def as_json(self) -> dict[str, object]:

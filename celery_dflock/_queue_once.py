@@ -96,7 +96,11 @@ def take_over(
     """Adopt the publish-time hold ``held`` into ``lock``, bound to this run's connection;
     False when there is none to adopt (the caller acquires). ``on_close_lease``: for an
     acks_late task, the hold outlives the run's connection by that many seconds, for the
-    redelivery to take over."""
+    redelivery to take over.
+
+    The adopt is retried while the hold is bound to a connection about to let it go: this
+    message's publisher (this task's id, no host), up to `PUBLISH_LEASE_S`, or an earlier
+    delivery (this task's id with a worker), up to `REDELIVERED_WAIT_S`."""
     if held is None or not isinstance(lock, DistributedLock):
         return False
     if held.key != lock.key:
@@ -110,7 +114,18 @@ def take_over(
         )
         client.release(held.key, held.token)
         return False
-    if _adopt(lock, held, note=note, on_close_lease=on_close_lease, task_id=task_id):
+    started = time.monotonic()
+    pause_s = 0.01
+    while not lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
+        holder = note_parts(lock.holder)  # an older publisher's note: the task id alone
+        if task_id is None or holder.task_id != task_id:
+            break
+        wait_s = PUBLISH_LEASE_S if holder.host is None else REDELIVERED_WAIT_S
+        if time.monotonic() + pause_s > started + wait_s:
+            break
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, 0.5)
+    else:  # adopted
         return True
     why = (
         f"its hold on {lock.key!r} is held by a run of another delivery ({lock.holder})"
@@ -122,36 +137,10 @@ def take_over(
     return False
 
 
-def _adopt(
-    lock: DistributedLock,
-    held: HoldRef,
-    *,
-    note: str | None,
-    on_close_lease: int | None,
-    task_id: str | None,
-) -> bool:
-    """`DistributedLock.adopt`, retried while the hold is bound to a connection about to let
-    it go: this message's publisher (this task's id, no host), up to `PUBLISH_LEASE_S`, or an
-    earlier delivery (this task's id with a worker), up to `REDELIVERED_WAIT_S`."""
-    started = time.monotonic()
-    pause_s = 0.01
-    while True:
-        if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
-            return True
-        holder = note_parts(lock.holder)  # an older publisher's note: the task id alone
-        if task_id is None or holder.task_id != task_id:
-            return False
-        wait_s = PUBLISH_LEASE_S if holder.host is None else REDELIVERED_WAIT_S
-        if time.monotonic() + pause_s > started + wait_s:
-            return False
-        time.sleep(pause_s)
-        pause_s = min(pause_s * 2, 0.5)
-
-
 PUBLISH_LEASE_S: Final = 15
-"""Seconds a run waits for its own message's publisher to detach the hold (`_adopt`)."""
+"""Seconds a run waits for its own message's publisher to detach the hold (`take_over`)."""
 REDELIVERED_WAIT_S: Final = 5
-"""Seconds a run waits for an earlier delivery of its message to let the hold go (`_adopt`):
+"""Seconds a run waits for an earlier delivery of its message to let the hold go (`take_over`):
 a broker may redeliver before the lock server sees the dead run's connection close."""
 
 
@@ -169,22 +158,21 @@ class PublishHold:
         """The message was sent: detach the hold with its pending lease (or log why not)."""
         key = self.hold.key
         try:
-            done = app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease)
-        except DflockError as exc:
-            done, why = False, f"the lock server did not confirm it ({exc})"
-        else:
+            if app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease):
+                return
             why = (
                 "it was gone (its connection to the lock server closed before the message was sent)"
             )
-        if not done:
-            worker_logger.warning(
-                "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
-                "run takes the key when it starts, and a duplicate may be sent meanwhile",
-                task.name,
-                task_id,
-                key,
-                why,
-            )
+        except DflockError as exc:
+            why = f"the lock server did not confirm it ({exc})"
+        worker_logger.warning(
+            "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
+            "run takes the key when it starts, and a duplicate may be sent meanwhile",
+            task.name,
+            task_id,
+            key,
+            why,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Self, cast
@@ -173,11 +174,9 @@ class Leadership:
             lock = self._lock
         if lock is None or not self._active.is_set() or lock.lost:
             return False
-        try:
+        with suppress(DflockError):
             if lock.renew():
                 return True
-        except DflockError:
-            pass
         self._demote(lock, "the lock server no longer confirms it")
         return False
 
@@ -216,8 +215,7 @@ class Leadership:
             if self._lock is not lock:
                 return
             self._lock = None
-        self._active.clear()
-        self._wake.set()
+        self._on_lost(lock)
         _release_quietly(lock)
         logger.warning("beat: lost %s (%s); stopped sending, back to standby", self.describe, why)
 
@@ -357,14 +355,13 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
     if not entry_name:
         return dict(options)  # the entry opted out
     escaped = str(entry_name).replace("{", "{{").replace("}", "}}")  # a literal template
-    lock_options: dict[str, Any] = {
+    where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
+    headers[LOCK_OPTIONS_HEADER] = {
         "lock_key": NONOVERLAP_KEY_PREFIX + escaped,
         "on_locked": "skip",
+        **_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)),
+        **{k: v for k, v in options.items() if k in LOCK_OPTIONS},
     }
-    where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
-    lock_options.update(_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)))
-    lock_options.update({k: v for k, v in options.items() if k in LOCK_OPTIONS})
-    headers[LOCK_OPTIONS_HEADER] = lock_options
     return result
 
 
@@ -543,10 +540,9 @@ class SingletonScheduler(Scheduler):
             try:
                 now = cast("datetime", entry.default_now())
                 entry.last_run_at = now
+                self._active_since[name] = now
             except Exception as exc:  # a broken entry must not stop the others
                 logger.warning("beat: cannot restart entry %r from now: %s", name, exc)
-                continue
-            self._active_since[name] = now
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
         again = cast("Mapping[str, Any]", cast("Any", self).schedule)
         if any(again.get(name) is not entry for name, entry in schedule.items()):

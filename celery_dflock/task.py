@@ -150,16 +150,15 @@ class LockedTask(Task):
         )
         if taken is None:
             return send()
+        options["headers"] = headers
         if isinstance(taken, Duplicate):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
             # A canvas member's id is already in its canvas's result: send a follower.
             headers[FOLLOW_HEADER] = Follow(taken.key, taken.task_id, taken.error).header()
             headers[HOLD_HEADER] = None
-            options["headers"] = headers
             return send()
         headers[HOLD_HEADER] = taken.header
-        options["headers"] = headers
         try:
             sent = send()
         except BaseException:

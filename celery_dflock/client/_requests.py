@@ -171,18 +171,7 @@ def encode_sem_release(key: str, token: str) -> bytes:
     return _request(Command.SEM_RELEASE, validate_key(key), validate_token(token))
 
 
-def encode_auth(secret: str) -> bytes:
-    if not isinstance(secret, str) or not secret:  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise InvalidValueError("auth_token must be a non-empty str")
-    if "\n" in secret or "\r" in secret or secret != secret.strip():
-        raise InvalidValueError(
-            "auth_token must not contain line breaks or leading/trailing whitespace "
-            "(check how the secret was read, e.g. a trailing newline from a file)"
-        )
-    if len(secret.encode("utf-8")) > wire.MAX_AUTH_LINE_BYTES:
-        raise InvalidValueError(
-            f"auth_token is longer than the protocol's {wire.MAX_AUTH_LINE_BYTES} bytes"
-        )
+def checked_auth(secret: str) -> bytes:
     return _request(Command.AUTH, wire.PLACEHOLDER, secret)
 
 

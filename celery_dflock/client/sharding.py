@@ -129,8 +129,7 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
     for entry in entries:
         if not isinstance(entry, tuple | list) or len(entry) != 2:  # pyright: ignore[reportUnknownArgumentType]
             raise InvalidValueError(f"each server must be a (host, port) tuple, got {entry!r}")
-        host: object = entry[0]  # pyright: ignore[reportUnknownVariableType]
-        port: object = entry[1]  # pyright: ignore[reportUnknownVariableType]
+        host, port = cast("Sequence[object]", entry)
         if not isinstance(host, str) or not host:
             raise InvalidValueError(
                 f"server host must be a non-empty string, got {host!r} in {entry!r}"

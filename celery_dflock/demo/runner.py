@@ -109,7 +109,7 @@ def _signal_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> N
 
 
 def _spawn(
-    started: list[Child], name: str, argv: Sequence[str], env: dict[str, str], folder: Path
+    started: list[Child], env: dict[str, str], folder: Path, name: str, argv: Sequence[str]
 ) -> None:
     log = folder / f"{name}.log"
     with log.open("wb") as out:
@@ -231,14 +231,14 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
                 "-n", f"worker-{i}@%h", "--loglevel", "WARNING",
                 "--without-heartbeat", "--without-mingle", "--without-gossip",
             ]  # fmt: skip
-            _spawn(started, f"worker-{i}", argv, env, folder)
+            _spawn(started, env, folder, f"worker-{i}", argv)
         _wait_ready(started, folder, out, stop)
         for i in range(1, BEATS + 1):
             argv = [
                 "beat", "-S", f"{DEMO_APP}:DemoScheduler",
                 "-s", str(folder / f"beat-{i}.schedule"), "--loglevel", "WARNING",
             ]  # fmt: skip
-            _spawn(started, f"beat-{i}", argv, env, folder)
+            _spawn(started, env, folder, f"beat-{i}", argv)
         for name in CELERY_ENV_OVERRIDES:
             os.environ.pop(name, None)
         os.environ.update(env)  # the app module reads its settings at import

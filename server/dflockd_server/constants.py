@@ -86,31 +86,6 @@ CMD_HAND_DOWN: Final = "hd"
 CMD_ASKING: Final = "asking"
 CMD_FORCE_RELEASE: Final = "fr"
 """An operator's force release: free every grant on the key, whoever holds it."""
-COMMANDS: Final[frozenset[str]] = frozenset(
-    {
-        CMD_LOCK,
-        CMD_RENEW,
-        CMD_RELEASE,
-        CMD_ENQUEUE,
-        CMD_WAIT,
-        CMD_SEM_LOCK,
-        CMD_SEM_ENQUEUE,
-        CMD_SEM_WAIT,
-        CMD_SEM_RENEW,
-        CMD_SEM_RELEASE,
-        CMD_AUTH,
-        CMD_STATS,
-        CMD_PING,
-        CMD_HELLO,
-        CMD_SHARDS,
-        CMD_HOLD,
-        CMD_NOTE,
-        CMD_TAKE,
-        CMD_HAND_DOWN,
-        CMD_ASKING,
-        CMD_FORCE_RELEASE,
-    }
-)
 HOLD_MODE_CONNECTION: Final = "c"
 HOLD_MODE_DETACHED: Final = "d"
 MAX_NOTE_BYTES: Final = 200

@@ -76,10 +76,6 @@ class LeaseBound:
             raise
         return cls(record, loop, executor)
 
-    @property
-    def longest(self) -> int:
-        return self.record.longest
-
     def wait_for(self, lease_ttl: int, resume: Resume) -> None:
         """Call ``resume`` once a bound of at least ``lease_ttl`` is recorded, or failed."""
         self._parked.append((lease_ttl, resume))

@@ -58,7 +58,8 @@ COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
         _INVALID: _INVALID,
     }
 )
-"""The ``command`` label of ``dflockd_request_duration_seconds`` (the opcode is ``opcode``)."""
+"""Every command (the one list of them) and its ``command`` label of
+``dflockd_request_duration_seconds`` (the opcode is ``opcode``)."""
 _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
 
 
@@ -83,7 +84,7 @@ class RequestTimes:
     __slots__ = ("_by_command", "_invalid")
 
     def __init__(self) -> None:
-        self._by_command = {cmd.encode(): _Histogram() for cmd in (*sorted(c.COMMANDS), _INVALID)}
+        self._by_command = {cmd.encode(): _Histogram() for cmd in COMMAND_NAMES}
         self._invalid = self._by_command[_INVALID.encode()]
 
     def observe(self, cmd: bytes, seconds: float) -> None:
@@ -219,10 +220,6 @@ class MetricsExporter:
             self._thread.join()
             self._thread = None
 
-    def snapshot(self) -> Snapshot:
-        """A snapshot taken on the server's loop (called from the scrape thread)."""
-        return run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)
-
     def collect(self) -> Iterator[Any]:
         """One scrape's families (the registry's collector: ``start`` registers this)."""
         from prometheus_client.core import (
@@ -231,7 +228,7 @@ class MetricsExporter:
             HistogramMetricFamily,
         )
 
-        snap = self.snapshot()
+        snap = run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)  # on the server's loop
         for name, doc, values, counter in snap.by_kind:
             family = (Counter if counter else Gauge)(f"dflockd_{name}", doc, labels=["kind"])
             for kind, value in zip(("lock", "semaphore"), values, strict=True):

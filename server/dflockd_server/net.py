@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
 import random
@@ -332,7 +331,7 @@ class Server:
             session_ttl_s=cfg.session_ttl_s,
             grace_s=grace.seconds,
             note_lease=bound.note_now,
-            lease_noted=bound.longest,
+            lease_noted=bound.record.longest,
         )
         bound.table = table
         self.serving.attach(table)
@@ -632,7 +631,7 @@ class Server:
 
     def stats_reply(self) -> bytes:
         """A ``stats`` reply: a snapshot of the table, now."""
-        return p.reply_stats(json.dumps(self.stats(), separators=(",", ":")))
+        return p.reply_json(self.stats())
 
     def _sweep(self) -> None:
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)

@@ -40,10 +40,9 @@ __all__ = [
     "reply_granted",
     "reply_held_by",
     "reply_hello",
+    "reply_json",
     "reply_moved",
     "reply_number",
-    "reply_shards",
-    "reply_stats",
     "unknown_command",
 ]
 
@@ -503,11 +502,6 @@ def reply_ask(address: str, ticket: str = "") -> bytes:
     return f"{c.STATUS_ERROR_ASK} {address}{' ' if ticket else ''}{ticket}\n".encode()
 
 
-def reply_shards(described: dict[str, object]) -> bytes:
-    """``ok <one-line JSON>`` to ``shards``."""
-    return reply_stats(json.dumps(described, separators=(",", ":")))
-
-
 _GRANTED: Final = b"%s %%s %%d\n" % c.STATUS_OK.encode()
 _ACQUIRED: Final = b"%s %%s %%d\n" % c.STATUS_ACQUIRED.encode()
 
@@ -537,8 +531,9 @@ def reply_number(number: int) -> bytes:
     return f"{c.STATUS_OK} {number}\n".encode()
 
 
-def reply_stats(payload: str) -> bytes:
-    return f"{c.STATUS_OK} {payload}\n".encode()
+def reply_json(body: object) -> bytes:
+    """``ok <one-line JSON>`` (``stats``, ``shards``, ``hello``)."""
+    return f"{c.STATUS_OK} {json.dumps(body, separators=(',', ':'))}\n".encode()
 
 
 def reply_hello(
@@ -576,4 +571,4 @@ def reply_hello(
     if grace_s > 0:
         body["grace_remaining_s"] = round(grace_s, 3)
     body["run"] = run
-    return reply_stats(json.dumps(body, separators=(",", ":")))
+    return reply_json(body)

@@ -145,16 +145,14 @@ def _apply(read: JournalRead, payload: str) -> str | None:
     read.clean = False
     if kind == "R":
         leases.pop(rest)
-        return None
-    if kind == "G":
+    elif kind == "G":
         return "grant record with too few fields"
-    if kind == "X":
+    elif kind == "X":
         token, lease, until = rest.split(" ")
         rec = leases.get(token)
         if rec is not None:
             rec.lease_ttl, rec.until_ms = int(lease), int(until) - read.shift_ms
-        return None
-    if kind == "M":
+    elif kind == "M":
         parts = rest.split(" ", 5)
         if len(parts) < 5:
             return "move record with too few fields"
@@ -164,14 +162,12 @@ def _apply(read: JournalRead, payload: str) -> str | None:
             rec.on_close = None if parts[2] == "-" else int(parts[2])
             rec.lease_ttl, rec.until_ms = int(parts[3]), int(parts[4]) - read.shift_ms
             rec.note = parts[5] if len(parts) > 5 else None
-        return None
-    if kind == "N":
+    elif kind == "N":
         token, _, note = rest.partition(" ")
         rec = leases.get(token)
         if rec is not None:
             rec.note = note or None
-        return None
-    if kind == "H":
+    elif kind == "H":
         parts = rest.split(" ")
         fields = 4 if parts[0] == "1" else 5 if parts[0] in ("2", VERSION) else 0
         if len(parts) != fields:
@@ -190,13 +186,11 @@ def _apply(read: JournalRead, payload: str) -> str | None:
             read.anchor = ("-", first[1], first[2])
             read.shift_ms = 0
         read.fsync = parts[4] if len(parts) == 5 else ""
-        return None
-    if kind == "C":
+    elif kind == "C":
         read.clean = True
-        return None
-    if kind == "K":
-        return None  # a batch's head: its lines are checked one by one here
-    return f"unknown record kind {kind[:8]!r}"
+    elif kind != "K":  # (a batch's head: its lines are checked one by one here)
+        return f"unknown record kind {kind[:8]!r}"
+    return None
 
 
 def read_journal(path: str) -> JournalRead:

@@ -127,7 +127,7 @@ class KeyServing:
         return self._renewals_allowed and (may_hold is None or may_hold(key))
 
     def shards_reply(self) -> bytes:
-        return p.reply_shards(self.ownership.describe())
+        return p.reply_json(self.ownership.describe())
 
     def renewals_allowed(self, allowed: bool) -> None:
         """Serve ``n`` / ``sn`` (True) or answer them ``error`` (False: a fenced cluster
@@ -147,13 +147,11 @@ class KeyServing:
             if waiter is not None and shard_id(waiter.state.key) in wanted:
                 conn.answer_wait(reply)
                 failed += 1
-        for conn in list(self.connections):
             session = conn.session
-            if session is None:
-                continue
-            for key in list(session.client.enqueued):
-                if shard_id(key) in wanted and session.fail_enqueued(key, reply):
-                    failed += 1
+            if session is not None:
+                for key in list(session.client.enqueued):
+                    if shard_id(key) in wanted and session.fail_enqueued(key, reply):
+                        failed += 1
         return failed
 
     def holders_in(self, shard_ids: Collection[int]) -> set[int]:

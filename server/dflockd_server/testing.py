@@ -125,8 +125,7 @@ class ServerThread:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive():
             return
-        timeout_s = None if drain else 0.0
-        future = asyncio.run_coroutine_threadsafe(self.server.stop(timeout_s), loop)
+        future = asyncio.run_coroutine_threadsafe(self.server.stop(None if drain else 0.0), loop)
         with contextlib.suppress(concurrent.futures.CancelledError):
             future.result(_STOP_TIMEOUT_S)
         thread.join(_STOP_TIMEOUT_S)

@@ -20,9 +20,15 @@ from celery_dflock.client._replies import (
     TimedOut,
 )
 from celery_dflock.client._requests import Command
-from celery_dflock.client._settings import check_limit, lease_seconds, whole_seconds
+from celery_dflock.client._settings import (
+    check_auth_token,
+    check_limit,
+    lease_seconds,
+    whole_seconds,
+)
 from celery_dflock.client.errors import ProtocolError
 from dflockd_server import constants
+from tests.support.wire import SERVER_COMMANDS
 
 TOKEN = "0000018f2b3c4d5e" + "a1b2c3d4e5f60718"
 STATS_JSON = {"connections": 2, "locks": [{"key": "k", "owner_conn_id": 1}], "semaphores": []}
@@ -261,7 +267,7 @@ def test_encoders_produce_exact_requests() -> None:
     assert _requests.checked_wait("s", 0, semaphore=True) == b"sw\ns\n0\n"
     assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
     assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
-    assert _requests.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
+    assert _requests.checked_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert _requests.STATS_REQUEST == b"stats\n_\n_\n"
     assert _requests.PING_REQUEST == b"ping\n_\n_\n"
     assert _requests.HELLO_REQUEST == b"hello\n_\nsession\n"
@@ -280,7 +286,7 @@ def test_every_command_has_an_encoder() -> None:
         _requests.checked_wait("k", 1, semaphore=True),
         _requests.checked_renew("k", TOKEN, None, semaphore=True),
         _requests.encode_sem_release("k", TOKEN),
-        _requests.encode_auth("x"),
+        _requests.checked_auth("x"),
         _requests.STATS_REQUEST,
         _requests.PING_REQUEST,
         _requests.HELLO_REQUEST,
@@ -292,8 +298,8 @@ def test_every_command_has_an_encoder() -> None:
         _requests.encode_asking(),
         _requests.checked_force_release("k"),
     }
-    assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
-    assert {c.value for c in Command} == set(constants.COMMANDS)
+    assert {request.split(b"\n")[0].decode() for request in encoded} == SERVER_COMMANDS
+    assert {c.value for c in Command} == SERVER_COMMANDS
 
 
 @pytest.mark.parametrize(
@@ -335,11 +341,11 @@ def test_longest_key_is_accepted() -> None:
         (lambda: check_limit(1_048_577), "limit must be None"),
         (lambda: _by_token.release_request("k", TOKEN.upper()), "32 lowercase hex"),
         (lambda: _requests.encode_sem_release("k", TOKEN + "\n"), "32 lowercase hex"),
-        (lambda: _requests.encode_auth(""), "non-empty"),
-        (lambda: _requests.encode_auth("line\nbreak"), "line breaks"),
-        (lambda: _requests.encode_auth("secret\n"), "trailing newline"),
-        (lambda: _requests.encode_auth(" padded"), "whitespace"),
-        (lambda: _requests.encode_auth("x" * 65537), "65536"),
+        (lambda: check_auth_token(""), "non-empty"),
+        (lambda: check_auth_token("line\nbreak"), "line breaks"),
+        (lambda: check_auth_token("secret\n"), "trailing newline"),
+        (lambda: check_auth_token(" padded"), "whitespace"),
+        (lambda: check_auth_token("x" * 65537), "65536"),
     ],
 )
 def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, match: str) -> None:

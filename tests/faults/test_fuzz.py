@@ -37,7 +37,7 @@ from tests.faults.abuse_helpers import (
 )
 from tests.faults.conftest import FaultReport, scaled
 from tests.faults.healthy import INTERLUDE_MIN, MIN_P99_SAMPLES, HealthyClient, Phases
-from tests.support.wire import Wire
+from tests.support.wire import SERVER_COMMANDS, Wire
 
 # The healthy p99 is judged against a starved abuser: CI runs these with the machine to itself.
 pytestmark = pytest.mark.alone
@@ -92,7 +92,7 @@ REPLY_LINE = re.compile(
 
 
 # ---------------------------------------------------------------------- strategies
-COMMANDS = sorted(name.encode() for name in c.COMMANDS)
+COMMANDS = sorted(name.encode() for name in SERVER_COMMANDS)
 NOT_COMMANDS = [b"", b"L", b"ll", b"pingg", b"ok", b"\xc3\xa9", b"\x00", b"stats ", b"l l"]
 KEYS = [b"fz0", b"fz1", b"fz2", b"fz-sem", VICTIM_KEY.encode(), b"_"]
 ODD_KEYS = [

@@ -21,7 +21,7 @@ from dflockd_server.testing import ServerThread
 from tests.support.disks import fill, small_tmpfs
 from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess
-from tests.support.wire import Wire
+from tests.support.wire import SERVER_COMMANDS, Wire
 
 ServerFactory = Callable[..., ServerThread]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -148,7 +148,7 @@ def test_a_force_release_is_counted_apart_from_the_holders_releases(
 
 
 def test_every_command_has_a_readable_name() -> None:
-    assert set(COMMAND_NAMES) == {*c.COMMANDS, "invalid"}
+    assert set(COMMAND_NAMES) == {*SERVER_COMMANDS, "invalid"}
     names = list(COMMAND_NAMES.values())
     assert len(set(names)) == len(names)
     assert all(re.fullmatch(r"[a-z_]+", name) for name in names)

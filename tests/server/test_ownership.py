@@ -165,7 +165,7 @@ def test_shards_in_single_mode_and_the_hello_feature(dflock_server: ServerThread
 def test_the_reply_bytes() -> None:
     assert p.reply_moved("10.0.0.2:6388") == b"error_moved 10.0.0.2:6388\n"
     assert p.REPLY_ERROR_UNAVAILABLE == b"error_unavailable\n"
-    assert p.reply_shards({"mode": "single"}) == b'ok {"mode":"single"}\n'
+    assert p.reply_json({"mode": "single"}) == b'ok {"mode":"single"}\n'
 
 
 # ------------------------------------------------------------------------------ cluster-style

@@ -13,9 +13,14 @@ from typing import Any, cast
 
 from celery_dflock.client import _requests
 from celery_dflock.client._requests import checked_release
+from dflockd_server import constants
 from dflockd_server.fence import fence_of
 
 REPLY_TIMEOUT_S = 10.0
+SERVER_COMMANDS = frozenset(
+    value for name, value in vars(constants).items() if name.startswith("CMD_")
+)
+"""Every command the server knows (its ``CMD_`` constants)."""
 
 
 class Wire:

@@ -66,7 +66,7 @@ class AsyncConnection:
         token = endpoint.auth_token
         if token is not None:
             try:
-                reply = await conn.request(Command.AUTH, _requests.encode_auth(token))
+                reply = await conn.request(Command.AUTH, _requests.checked_auth(token))
                 error = auth_reply_error(endpoint, reply)
                 if error is not None:
                     raise error

@@ -486,12 +486,11 @@ class AsyncDistributedLock(AsyncLockBase):
         `acquire`. If the connection dies, the grant is released (``on_close_lease`` None)
         or detached again with that lease. False when the token no longer holds the key or
         another connection has it bound (`holder` names it)."""
-        core = self._core
+        holding, core = self._holding, self._core
         ht_note = core.take_over_note(note)
         close_lease = (
             None if on_close_lease is None else lease_seconds("on_close_lease", on_close_lease)
         )
-        holding = self._holding
         holding.forked()
         async with holding.op_lock:
             core.require_idle()  # (a failure below resets the core)

@@ -68,7 +68,7 @@ class Connection:
         token = endpoint.auth_token
         if token is not None:
             try:
-                reply = conn.request(Command.AUTH, _requests.encode_auth(token))
+                reply = conn.request(Command.AUTH, _requests.checked_auth(token))
                 error = auth_reply_error(endpoint, reply)
                 if error is not None:
                     raise error

@@ -130,11 +130,10 @@ class Handover:
         """Drop a split towards a gone node once every lease it may have granted has ended
         (a failover's wait, from when first seen gone; the longest lease read then and again
         just before the drop)."""
-        live = view.members
         gone = {
             s: a.split
             for s, a in view.shard_map.items()
-            if a.current == self.advertise and a.split and a.split not in live
+            if a.current == self.advertise and a.split and a.split not in view.members
         }
         self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
         nodes = set(gone.values())
@@ -158,8 +157,7 @@ class Handover:
         if not nodes or (not fresh and nodes <= known.keys()):
             return {n: known[n] for n in nodes}
         published = published_longest(self.client, self.prefix)
-        margin = self.failover_margin_s
-        return {n: published.get(n, self.max_lease_ttl_s) + margin for n in nodes}
+        return {n: published.get(n, self.max_lease_ttl_s) + self.failover_margin_s for n in nodes}
 
     def _due_splits(self, gone: Mapping[int, str], now: float) -> list[int]:
         since, waits = self._split_gone_since, self._split_waits

@@ -285,10 +285,7 @@ class Member:
         live process: ``DuplicateMember``."""
         key = self.keys.member(self.advertise)
         deadline = self._clock() + self.lease_ttl + REGISTER_MARGIN_S
-        while True:
-            held_ttl = self._register_once()
-            if held_ttl is None:
-                return
+        while (held_ttl := self._register_once()) is not None:
             if self._clock() >= deadline + max(0, held_ttl - self.lease_ttl):
                 raise DuplicateMember(
                     f"another dflockd is registered in the cluster as {self.advertise} (etcd "

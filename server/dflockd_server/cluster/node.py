@@ -147,11 +147,12 @@ class ClusterNode:
         self._clock = clock
         self._wall = wall
         self._fence = fence
-        self._member: Member | None = None
+        self.member: Member | None = None
+        """The current member (a new one at each join), None until the first."""
         self._step_failures_before = 0
         """``step_failures`` of this node's members before the current one."""
-        self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
-        host.set_ownership(self._ownership)  # grant nothing until the first decision
+        # The server grants nothing until the first decision:
+        self._hand(self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap())))
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,12 +189,10 @@ class ClusterNode:
         """Until when, with no news, a step decides nothing new (0 while shards move out)."""
         self._handover.forget()
 
-    @property
-    def ownership(self) -> ClusterOwnership:
-        return self._ownership
-
     def _hand(self, ownership: ClusterOwnership) -> None:
-        self._ownership = ownership
+        """``ownership`` (what the server serves by, immutable) is the node's now, and the
+        server's."""
+        self.ownership = ownership
         self.host.set_ownership(ownership)
 
     @property
@@ -207,14 +206,10 @@ class ClusterNode:
         (``FenceStateError`` when it cannot: the lease is then refused)."""
         EtcdLongestStore(self.client, self.prefix, self.advertise).write(longest)
 
-    @property
-    def member(self) -> Member | None:
-        return self._member
-
     def stats(self) -> ClusterStats:
-        own = self._ownership
+        own = self.ownership
         fenced = not own.alive()
-        member = self._member
+        member = self.member
         return ClusterStats(
             shards=FENCED.states if fenced else own.states,
             fenced=fenced,
@@ -238,7 +233,7 @@ class ClusterNode:
             store = EtcdCeilingStore(self.client, self.prefix, self.advertise)
             self._fence = FenceCounter(store=store)
         self._tickets = load_ask_tickets(self.client, self.prefix)
-        self._member = self._new_member().start()
+        self.member = self._new_member().start()
         self._thread = threading.Thread(
             target=self._run, name=f"dflockd-node {self.advertise}", daemon=True
         )
@@ -253,7 +248,7 @@ class ClusterNode:
         ``keep``, whose cut-off holders may still believe they hold; then revoke the lease) or
         let the lease run out (a crash)."""
         self.halt(timeout)
-        member, self._member = self._member, None
+        member, self.member = self.member, None
         if member is None:
             return
         if leave:
@@ -274,7 +269,7 @@ class ClusterNode:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self._hand(self._fenced_snapshot(self._ownership.view))
+        self._hand(self._fenced_snapshot(self.ownership.view))
 
     def _new_member(self) -> Member:
         return Member(
@@ -325,10 +320,10 @@ class ClusterNode:
             seen = self._updates
 
     def _step(self) -> None:
-        member = self._member
+        member = self.member
         now = self._clock()
         valid_until = 0.0 if member is None else member.lease_valid_until
-        reason = self._why_not_a_member(member, now)
+        reason = None if member is None else self._why_not_a_member(member, now)
         if member is None or reason is not None:
             self._self_fence(reason or "not joined")
             if now >= self._next_join:
@@ -396,7 +391,7 @@ class ClusterNode:
 
     def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
         """Answer the queued waiters of shards no longer this member's with their verdict."""
-        current = self._ownership.current
+        current = self.ownership.current
         lost = self._current - current
         self._current = current
         by_reply: dict[bytes, list[int]] = {}
@@ -407,9 +402,7 @@ class ClusterNode:
         for reply, shards in by_reply.items():
             self.host.fail_waiters(shards, reply)
 
-    def _why_not_a_member(self, member: Member | None, now: float) -> str | None:
-        if member is None:
-            return "not joined"
+    def _why_not_a_member(self, member: Member, now: float) -> str | None:
         if member.lost is not None:
             return member.lost
         if now >= member.lease_valid_until:
@@ -446,7 +439,7 @@ class ClusterNode:
         return False
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
-        member = self._member
+        member = self.member
         own = ClusterOwnership(
             self.advertise,
             view,
@@ -482,8 +475,8 @@ class ClusterNode:
 
     def _self_fence(self, reason: str) -> None:
         """Grant and renew nothing, fail every queued waiter, forget what was seen."""
-        if not self._ownership.fenced:
-            self._hand(self._fenced_snapshot(self._ownership.view))
+        if not self.ownership.fenced:
+            self._hand(self._fenced_snapshot(self.ownership.view))
             self._current = frozenset()
             # After the fenced snapshot is in place: no waiter is queued later.
             self.host.fail_waiters(range(SHARD_COUNT), ERROR_UNAVAILABLE)
@@ -502,7 +495,7 @@ class ClusterNode:
                 # Its keys go first: the member key is registered anew only if free.
                 with contextlib.suppress(EtcdError):
                     self.client.lease_revoke(old.lease_id)
-        self._member = None
+        self.member = None
         try:
             member = self._new_member()
             if self._thread is not None:
@@ -512,6 +505,6 @@ class ClusterNode:
         except EtcdError as exc:
             log.debug("cluster member %s: cannot join again yet: %s", self.advertise, exc)
             return
-        self._member = member
+        self.member = member
         log.warning("cluster member %s: joined again (lease %x)", self.advertise, member.lease_id)
         self._wake.set()

@@ -14,13 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from dflockd_server.cluster.etcd import (
-    EtcdClient,
-    EtcdError,
-    EtcdTransport,
-    parse_etcd_url,
-    tls_context,
-)
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError, EtcdTransport, tls_context
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
@@ -74,7 +68,7 @@ def etcd_client(
     # A call: 5 s or the lease if longer. One of several endpoints is waited for a fifth of
     # the lease, so a keep-alive can move to another and still renew in time.
     timeout = max(5.0, lease_ttl_s)
-    several = len(parse_etcd_url(etcd_url)[1]) > 1
+    several = "," in etcd_url  # its endpoints' list
     client = EtcdClient(
         EtcdTransport(
             etcd_url,
@@ -114,12 +108,9 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     plan = view.shard_map.rebalance_plan(view.members)
     if dry_run or not plan:
         return RebalanceResult(plan, [], [])
-    if len(view.shard_map) == 0:
-        # No map yet: the first map, as the leader would write it (as moves, no shard would
-        # have a current member until a whole failover wait).
-        new_map = ShardMap.initial(view.members)
-    else:
-        new_map = view.shard_map.apply(plan)
+    # No map yet: the first map, as the leader would write it (as moves, no shard would have a
+    # current member until a whole failover wait).
+    new_map = view.shard_map.apply(plan) if len(view.shard_map) else ShardMap.initial(view.members)
     writes = {m.shard: ShardWrite(view.revisions.get(m.shard, 0), new_map[m.shard]) for m in plan}
     result = write_shards(client, ClusterKeys(prefix).shards, writes)
     return RebalanceResult(plan, sorted(result.written), sorted(result.conflicted))
@@ -168,10 +159,9 @@ def unpin(client: EtcdClient, prefix: str, shard: int) -> ShardAssignment:
 
 def summary(view: ClusterView) -> list[str]:
     m = view.shard_map
-    live = sorted(view.members)
     lines = [
         f"leader: {view.leader or '(none)'}",
-        f"live members: {', '.join(live) or '(none)'}",
+        f"live members: {', '.join(sorted(view.members)) or '(none)'}",
         f"assigned shards: {len(m)} of {SHARD_COUNT}",
     ]
     serving = Counter(a.current for _, a in m.items() if a.current and not a.moving)

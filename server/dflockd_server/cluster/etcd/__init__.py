@@ -20,7 +20,7 @@ from dflockd_server.cluster.etcd.messages import (
     WatchEvent,
     prefix_end,
 )
-from dflockd_server.cluster.etcd.transport import EtcdTransport, parse_etcd_url, tls_context
+from dflockd_server.cluster.etcd.transport import EtcdTransport, tls_context
 from dflockd_server.cluster.etcd.watch import Watch
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "TxnResult",
     "Watch",
     "WatchEvent",
-    "parse_etcd_url",
     "prefix_end",
     "tls_context",
 ]

@@ -102,7 +102,8 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 class EtcdTransport:
     """etcd v3's JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
-    ``https://``), failing over between the endpoints."""
+    ``https://``), failing over between the endpoints. ``user`` and ``password`` come together,
+    checked where they are given (``Config``, the cluster commands)."""
 
     def __init__(
         self,
@@ -115,8 +116,6 @@ class EtcdTransport:
         password: str | None = None,
     ) -> None:
         tls, endpoints = parse_etcd_url(url)
-        if (user is None) != (password is None):
-            raise ValueError("etcd authentication needs both a user and a password")
         self.endpoints = endpoints
         self.url = f"{'https' if tls else 'http'}://{','.join(map(str, endpoints))}"
         self.timeout = timeout
@@ -130,7 +129,8 @@ class EtcdTransport:
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._credentials = None if user is None or password is None else (user, password)
         self._lock = threading.Lock()
-        self._preferred = 0
+        self.preferred = 0
+        """The index of the endpoint that answered last (calls go there first)."""
         self._tokens: dict[int, str | None] = {}
         """Endpoint index -> its token (None: etcd said authentication is off)."""
         self.switches = 0
@@ -139,18 +139,13 @@ class EtcdTransport:
     def where(self, index: int) -> str:
         return f"{'https' if self._ssl is not None else 'http'}://{self.endpoints[index]}"
 
-    @property
-    def preferred(self) -> int:
-        """The index of the endpoint that answered last (calls go there first)."""
-        return self._preferred
-
     def attempts(self, timeout: float) -> Iterator[tuple[int, int, float]]:
         """(endpoint, round, seconds left) of each attempt of a call lasting ``timeout``: round
         after round over the endpoints from the preferred one, each round starting one further
         on, with a short pause between rounds."""
         count = len(self.endpoints)
         deadline = time.monotonic() + timeout
-        first = self._preferred
+        first = self.preferred
         attempt = 0
         while True:
             remaining = deadline - time.monotonic()
@@ -164,14 +159,12 @@ class EtcdTransport:
                     time.sleep(pause)
 
     def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
-        endpoint = self.endpoints[index]
-        conn: http.client.HTTPConnection
-        if self._ssl is not None:
-            conn = http.client.HTTPSConnection(
-                endpoint.host, endpoint.port, timeout=timeout, context=self._ssl
-            )
-        else:
-            conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
+        host, port = self.endpoints[index].host, self.endpoints[index].port
+        conn = (
+            http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
+            if self._ssl is not None
+            else http.client.HTTPConnection(host, port, timeout=timeout)
+        )
         try:
             conn.connect()
         except BaseException:
@@ -278,7 +271,7 @@ class EtcdTransport:
     def switched(self, index: int, failures: Mapping[int, str]) -> None:
         """Endpoint ``index`` answered after ``failures``: calls go there first from now on."""
         with self._lock:
-            old, self._preferred = self._preferred, index
+            old, self.preferred = self.preferred, index
             if old == index:
                 return
             self.switches += 1
