@@ -125,7 +125,6 @@ def render(verdict: Verdict, width: int = 60) -> str:
     """A per-key text Gantt chart of the runs, then the verdict in words."""
     lines: list[str] = []
     runs = verdict.runs
-    keys = sorted({r.key for r in runs})
     if runs:
         t0 = min(r.start for r in runs)
         t1 = max(r.end for r in runs)
@@ -144,7 +143,7 @@ def render(verdict: Verdict, width: int = 60) -> str:
         lines.append(f"{'':<{label_w}}   0s{'':<{width - 8}}{span:5.1f}s")
     lines += [
         "",
-        f"runs: {len(runs)} on {len(keys)} keys; "
+        f"runs: {len(runs)} on {len({r.key for r in runs})} keys; "
         f"retried on contention: {verdict.retries}; skipped on contention: {verdict.skips}",
     ]
     if verdict.beat_sends:
