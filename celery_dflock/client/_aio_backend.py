@@ -159,8 +159,7 @@ class AsyncRenewalDriver:
 
     async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
         """Run ``work`` in a shielded task (a later `release` waits for it)."""
-        task = asyncio.create_task(work)
-        self._renewing = task
+        task = self._renewing = asyncio.create_task(work)
         return await asyncio.shield(task)
 
     def _connection_event(self) -> None:
@@ -194,8 +193,7 @@ class AsyncRenewalDriver:
             fine = conn is not None and not conn.broken_while_idle()
             if loop.time() < due and fine and not poked:
                 continue  # woken, but the connection is fine: renew when due
-            renewal = self._lock.renew_guarded(True)
-            if await self._shielded(renewal) is not True:
+            if await self._shielded(self._lock.renew_guarded(True)) is not True:
                 return
             due = loop.time() + self._lock.core.next_look_in()
 
