@@ -380,13 +380,11 @@ class AsyncHolding:
     async def notify_lost(self) -> None:
         """Report a loss: `lost_event` (and with it `lost`), then ``on_lost``."""
         self.lost_event.set()
-        callback = self._on_lost
-        if callback is None:
-            return
-        try:
-            await call_back(callback)
-        except Exception:
-            logger.exception("the on_lost callback of dflock %s raised", self.core.what)
+        if self._on_lost is not None:
+            try:
+                await call_back(self._on_lost)
+            except Exception:
+                logger.exception("the on_lost callback of dflock %s raised", self.core.what)
 
     def abandon(self) -> None:
         """Interrupted release: close the pinned connection (the server frees the lock); a
