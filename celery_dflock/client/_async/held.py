@@ -155,15 +155,14 @@ class AsyncHolding:
     def _kept_by(self, conn: AsyncConnection) -> None:
         """A grant is held or waited for on ``conn``: keep its client session alive."""
         session = conn.session
-        if session is None:
-            return
-        endpoint, pool = conn.endpoint, self._pool
-        session.hold(
-            self,
-            lambda: start_keeping(
-                session, endpoint, self.checkout if pool is None else pool.checkout
-            ),
-        )
+        if session is not None:
+            endpoint, pool = conn.endpoint, self._pool
+            session.hold(
+                self,
+                lambda: start_keeping(
+                    session, endpoint, self.checkout if pool is None else pool.checkout
+                ),
+            )
 
     async def checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:

@@ -157,15 +157,14 @@ class Holding:
     def _kept_by(self, conn: Connection) -> None:
         """A grant is held or waited for on ``conn``: keep its client session alive."""
         session = conn.session
-        if session is None:
-            return
-        endpoint, pool = conn.endpoint, self._pool
-        session.hold(
-            self,
-            lambda: start_keeping(
-                session, endpoint, self.checkout if pool is None else pool.checkout
-            ),
-        )
+        if session is not None:
+            endpoint, pool = conn.endpoint, self._pool
+            session.hold(
+                self,
+                lambda: start_keeping(
+                    session, endpoint, self.checkout if pool is None else pool.checkout
+                ),
+            )
 
     def checkin(self, conn: Connection) -> None:
         if self._pool is not None:
