@@ -81,9 +81,7 @@ def read_events(path: Path) -> list[Event]:
     except FileNotFoundError:
         return []
     events: list[Event] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
+    for line in filter(str.strip, text.splitlines()):  # the blank ones skipped
         event = Event(**json.loads(line))  # as `record` wrote it
         if event.kind not in EVENT_KINDS:
             raise ValueError(f"unknown event kind {event.kind!r} in {path}")
