@@ -54,6 +54,7 @@ class Connection:
         self.last_used = time.monotonic()
         self.server: ServerInfo | None = None  # its ``hello`` answer
         self.session: ClientSession | None = None  # the client session it joined
+        self.sessions: Sessions | None = None  # whose current session it joins
         self.transport = transport
         self._parser = transport.parser
         self._lock = threading.Lock()
@@ -183,12 +184,20 @@ class Connection:
                 conn = cls.open(endpoint)
         conn.server = server
         if sessions is not None and server.keeps_sessions:
+            conn.sessions = sessions
             try:
-                conn.join(sessions.current(endpoint, server.session_ttl(endpoint.session_ttl_s)))
+                conn.rejoin()
             except BaseException:
                 conn.close()
                 raise
         return conn
+
+    def rejoin(self) -> None:
+        """Join the current session of its `Sessions`: on a server that let the one it was
+        in run out, that one ends first, with its grants; else they come along."""
+        sessions, server = self.sessions, self.server
+        assert sessions is not None and server is not None  # joined in `connect`
+        self.join(sessions.current(self.endpoint, server.session_ttl(self.endpoint.session_ttl_s)))
 
     def join(self, session: ClientSession) -> None:
         """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
