@@ -31,7 +31,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
 
-from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger
+from celery_dflock._celery import (
+    Signal,
+    backoff_interval,
+    get_logger,
+    get_task_logger,
+    task_stack,
+)
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
 from celery_dflock._queue_once import eager_duplicate, run_follower, take_over
 from celery_dflock._request import (
@@ -89,6 +95,12 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options is None:
         return run(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
+    if options.on_locked == "retry" and options.limit is None and _held_above(key):
+        raise LockNotAcquired(
+            f"{message.label}: lock {key!r} is held by the run that called it (directly, or "
+            f"eagerly: task_always_eager, apply()), which waits for it to return: it would wait "
+            f"for itself. Send it from a worker's run, or give it another lock_key"
+        )
     guard = RunGuard(message, key, options.on_lock_lost, runtime)
     started = time.monotonic()
     wait_s = options.timeout
@@ -173,6 +185,15 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             f"(on_lock_lost={options.on_lock_lost!r})"
         )
     return result
+
+
+def _held_above(key: str) -> bool:
+    """A run further up this thread's task stack holds ``key``."""
+    return any(
+        getattr(request, "dflock_key", None) == key
+        for task in task_stack.stack
+        for request in task.request_stack.stack
+    )
 
 
 def new_lock(
