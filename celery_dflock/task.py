@@ -81,7 +81,7 @@ class LockedTask(Task):
     lock_from: ClassVar[str | None] = None
     on_duplicate: ClassVar[str | None] = None
     lock_pending_ttl: ClassVar[int | None] = None
-    Request: ClassVar[Any] = LockedRequest
+    Request = LockedRequest
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
