@@ -31,13 +31,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
 
-from celery_dflock._celery import (
-    Signal,
-    backoff_interval,
-    get_logger,
-    get_task_logger,
-    task_stack,
-)
+from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger, task_stack
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
 from celery_dflock._queue_once import eager_duplicate, run_follower, take_over
 from celery_dflock._request import (
@@ -97,9 +91,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
     if options.on_locked == "retry" and options.limit is None and _held_above(key):
         raise LockNotAcquired(
-            f"{message.label}: lock {key!r} is held by the run that called it (directly, or "
-            f"eagerly: task_always_eager, apply()), which waits for it to return: it would wait "
-            f"for itself. Send it from a worker's run, or give it another lock_key"
+            f"{message.label}: lock {key!r} is held by the run that called it (directly or "
+            "eagerly), which waits for it: it would wait for itself; give it another lock_key"
         )
     guard = RunGuard(message, key, options.on_lock_lost, runtime)
     started = time.monotonic()
