@@ -45,6 +45,7 @@ from celery_dflock._request import (
     encode_note,
     follow_of,
     header,
+    held_lock,
     hold_of,
     mark_held,
     resend,
@@ -183,7 +184,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
 def _held_above(key: str) -> bool:
     """A run further up this thread's task stack holds ``key``."""
     return any(
-        getattr(request, "dflock_key", None) == key
+        (lock := held_lock(request)) is not None and lock.key == key and lock.locked()
         for task in task_stack.stack
         for request in task.request_stack.stack
     )

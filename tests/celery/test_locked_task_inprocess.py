@@ -354,6 +354,21 @@ def test_an_eager_run_inside_the_run_holding_its_key_fails_at_once(
     assert free_now(server, "report:7")
 
 
+def test_an_eager_retry_under_on_locked_retry_runs_again(server: ServerThread) -> None:
+    """Celery runs an eager ``self.retry`` after the run that asked for it, not inside it: the
+    retried run is no run inside the holder of its key (the check above leaves it alone)."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="eager-self-retry")
+    def job(self: LockedTask) -> int:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0, max_retries=2)
+        return self.request.retries
+
+    assert job.apply().get() == 1
+    assert free_now(server, "eager-self-retry")
+
+
 def test_body_retry_releases_before_the_retry_runs(server: ServerThread) -> None:
     app = inproc_app(server)
     fences: list[int | None] = []
