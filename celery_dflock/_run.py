@@ -32,7 +32,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
 
-from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger
+from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger, task_stack
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
 from celery_dflock._queue_once import eager_duplicate, run_follower, take_over
 from celery_dflock._request import (
@@ -46,6 +46,7 @@ from celery_dflock._request import (
     encode_note,
     follow_of,
     header,
+    held_lock,
     hold_of,
     mark_held,
     resend,
@@ -90,6 +91,11 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options is None:
         return run(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
+    if options.on_locked == "retry" and options.limit is None and _held_above(key):
+        raise LockNotAcquired(
+            f"{message.label}: lock {key!r} is held by the run that called it (directly or "
+            "eagerly), which waits for it: it would wait for itself; give it another lock_key"
+        )
     guard = RunGuard(message, key, options.on_lock_lost, runtime)
     started = time.monotonic()
     wait_s = options.timeout
@@ -174,6 +180,15 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             f"(on_lock_lost={options.on_lock_lost!r})"
         )
     return result
+
+
+def _held_above(key: str) -> bool:
+    """A run further up this thread's task stack holds ``key``."""
+    return any(
+        (lock := held_lock(request)) is not None and lock.key == key and lock.locked()
+        for task in task_stack.stack
+        for request in task.request_stack.stack
+    )
 
 
 def new_lock(

@@ -36,7 +36,7 @@ from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
 from celery_dflock.keys import KeyDerivationError, check_template
 
-__all__ = ["OUTAGES_COMMAND", "apply_task_locks", "install_hooks", "with_skip"]
+__all__ = ["OUTAGES_COMMAND", "apply_task_locks", "install_hooks", "request_failed", "with_skip"]
 
 logger: Any = get_logger("celery_dflock.signals")
 
@@ -255,8 +255,13 @@ class _Hooks:
     def on_task_failure(
         self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
     ) -> None:
-        lost_child = isinstance(exception, WorkerLostError | TimeLimitExceeded)
-        if lost_child and task_id and self._in_main_process() and self._ours(sender):
+        if isinstance(exception, WorkerLostError | TimeLimitExceeded):
+            self.lost_child(sender, task_id)
+
+    def lost_child(self, sender: Any, task_id: object) -> None:
+        """The pool child running ``task_id`` was lost or killed (``task_failure``, or
+        `LockedRequest` where Celery requeues its message instead)."""
+        if task_id and self._in_main_process() and self._ours(sender):
             self._release_orphans_soon(task_id)
 
     def on_task_revoked(
@@ -327,6 +332,20 @@ class _Hooks:
                 whose = f"left by dead pool child {pid}"
                 self._release(key, token, entry.get("limit"), whose, "its lease will expire")
             records.forget(path, entry)
+
+
+def request_failed(task: Any, task_id: object, exc: object) -> None:
+    """`LockedTask`'s worker request saw its run fail with ``exc``: Celery sends no
+    ``task_failure`` for a lost pool child whose message it requeues (``acks_late`` with
+    ``reject_on_worker_lost``, or ``retry_on_worker_lost``), so a lost child's locks are
+    released from here too."""
+    exc = getattr(exc, "exc", exc)  # as billiard wraps it
+    hooks = getattr(task._get_app(), _HOOKS_ATTR, None)
+    # (SystemExit, KeyboardInterrupt: a child's exit, as billiard 4.3 reports it)
+    if isinstance(exc, WorkerLostError | SystemExit | KeyboardInterrupt) and isinstance(
+        hooks, _Hooks
+    ):
+        hooks.lost_child(task, task_id)
 
 
 def _dflock_outages(state: Any, **_: Any) -> dict[str, object]:

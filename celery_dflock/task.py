@@ -17,6 +17,7 @@ from typing import Any, ClassVar, cast
 
 from celery import Task
 from celery.utils import uuid
+from celery.worker.request import Request as CeleryRequest
 from kombu import serialization
 
 from celery_dflock import _worker_hooks
@@ -47,6 +48,16 @@ from celery_dflock.keys import check_template
 __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
 
 
+class LockedRequest(CeleryRequest):
+    """The worker's request for a `LockedTask` run: a pool child lost while it ran has its
+    locks released also when Celery requeues its message (`_worker_hooks.request_failed`)."""
+
+    def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        request: Any = self
+        _worker_hooks.request_failed(request.task, request.id, exc_info.exception)
+        return cast("Any", CeleryRequest).on_failure(self, exc_info, *args, **kwargs)
+
+
 class LockedTask(Task):
     """A task whose runs hold a distributed lock (or semaphore slot) on a key.
 
@@ -71,6 +82,7 @@ class LockedTask(Task):
     lock_from: ClassVar[str | None] = None
     on_duplicate: ClassVar[str | None] = None
     lock_pending_ttl: ClassVar[int | None] = None
+    Request = LockedRequest
 
     @classmethod
     def on_bound(cls, app: Any) -> None:

@@ -238,6 +238,24 @@ def test_main_process_releases_what_a_killed_child_held(rig_no_autorelease: Rig,
     assert rig.worker.wait_output(f"released 'end:{name}' left by dead pool child {body['pid']}")
 
 
+def test_main_process_releases_what_a_killed_child_held_when_its_message_is_requeued(
+    rig_no_autorelease: Rig,
+) -> None:
+    """``acks_late`` with ``reject_on_worker_lost``: Celery requeues the message of a lost pool
+    child instead of failing its task, and sends no ``task_failure``. The main process released
+    nothing then: the dead child's key stayed held to the end of its lease (its session's, with
+    auto-release), and the requeued run waited that long for its own predecessor."""
+    rig = rig_no_autorelease
+    name = unique("requeued")
+    result = rig.send("end_block_requeued", name, 2.0)
+    body = rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    os.kill(body["pid"], signal.SIGKILL)
+    assert rig.worker.wait_output(f"released 'end:{name}' left by dead pool child {body['pid']}")
+    assert result.get(timeout=EVENT_TIMEOUT_S) == name  # the requeued run, once it took the key
+    first, again = rig.log.entries("body", name=name)
+    assert again["fence"] > first["fence"]
+
+
 def test_main_process_releases_what_a_killed_child_held_under_an_int_task_id(
     tmp_path: Path,
 ) -> None:

@@ -322,6 +322,53 @@ def test_eager_retry_waits_for_the_lock_and_honours_lock_max_retries(
     assert job.apply().get() == 0
 
 
+@pytest.mark.parametrize("how", ["delay", "apply"])
+def test_an_eager_run_inside_the_run_holding_its_key_fails_at_once(
+    server: ServerThread, how: str
+) -> None:
+    """A locked body that sends a task of its own key (``task_always_eager``, or ``apply()``)
+    runs it here, inside the run holding the key: under ``on_locked="retry"`` it waited
+    ``lock_timeout`` for itself, then retried eagerly without end (``lock_max_retries=None``),
+    and the caller hung for good. It now fails at once with `LockNotAcquired`, saying why."""
+    app = inproc_app(server)
+    ran: list[str] = []
+
+    @app.task(shared=False, base=LockedTask, lock_key="report:{cid}")
+    def send_report(cid: int) -> None:
+        ran.append("send")
+
+    @app.task(shared=False, base=LockedTask, lock_key="report:{cid}")
+    def build_report(cid: int) -> str:
+        nested = send_report.delay(cid) if how == "delay" else send_report.apply((cid,))
+        assert nested.state == "FAILURE"
+        return str(nested.result)
+
+    outcome: list[str] = []
+    caller = threading.Thread(target=lambda: outcome.append(build_report.delay(7).get()))
+    caller.start()
+    caller.join(20)
+    assert not caller.is_alive(), "the nested run waited for its own caller's key"
+    (said,) = outcome
+    assert "lock 'report:7' is held by the run that called it" in said, said
+    assert ran == []
+    assert free_now(server, "report:7")
+
+
+def test_an_eager_retry_under_on_locked_retry_runs_again(server: ServerThread) -> None:
+    """Celery runs an eager ``self.retry`` after the run that asked for it, not inside it: the
+    retried run is no run inside the holder of its key (the check above leaves it alone)."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="eager-self-retry")
+    def job(self: LockedTask) -> int:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0, max_retries=2)
+        return self.request.retries
+
+    assert job.apply().get() == 1
+    assert free_now(server, "eager-self-retry")
+
+
 def test_body_retry_releases_before_the_retry_runs(server: ServerThread) -> None:
     app = inproc_app(server)
     fences: list[int | None] = []

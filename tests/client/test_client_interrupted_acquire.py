@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
 
 import pytest
 
-from celery_dflock import AsyncConnectionPool, ConnectionPool
+from celery_dflock import AsyncClient, AsyncConnectionPool, Client, ConnectionPool
 from dflockd_server.testing import ServerThread
 from tests.client.faces import ASYNCIO, BLOCKING, Face, Maker, until
 from tests.support.waiting import wait_until
@@ -119,3 +120,89 @@ def test_a_wait_interrupted_by_a_signal_after_its_grant_leaves_no_held_key(
             assert other.release()
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def tls_counts(client: Client) -> tuple[int, int]:
+    """Holders and waiters of ``k``, as the server's ``stats`` shows them (over TLS)."""
+    (status,) = client.stats()
+    for entry in (status.stats or {}).get("locks", []):
+        if entry["key"] == "k":
+            return 1, int(entry["waiters"])
+    return 0, 0
+
+
+def test_over_tls_a_wait_interrupted_after_its_grant_leaves_no_held_key(
+    dflock_server_factory: Callable[..., ServerThread], tls_files: tuple[str, str]
+) -> None:
+    """The same over TLS, whose close cannot be half: the grant was left to the session."""
+    cert, key = tls_files
+    server = dflock_server_factory(tls_cert=cert, tls_key=key)
+    context = ssl.create_default_context(cafile=cert)
+    entered, granted = threading.Event(), threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        entered.set()
+        assert granted.wait(10)
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    with (
+        Client([server.address], ssl_context=context) as rivals,
+        Client([server.address], ssl_context=context) as waiting,
+    ):
+        try:
+            holder = rivals.lock("k", acquire_timeout_s=0)
+            assert holder.acquire()
+            other = waiting.lock("other")
+            assert other.acquire()  # keeps the client's session alive
+            waiter = waiting.lock("k", acquire_timeout_s=30)
+
+            def interrupt() -> None:
+                wait_until(lambda: tls_counts(rivals) == (1, 1), what="the waiter queued")
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+                assert entered.wait(10)  # the handler holds the waiter until it is granted
+                assert holder.release()
+                wait_until(lambda: tls_counts(rivals) == (1, 0), what="the waiter granted")
+                granted.set()
+
+            thread = threading.Thread(target=interrupt)
+            thread.start()
+            with pytest.raises(Interrupted):
+                waiter.acquire()
+            thread.join(10)
+            rival = rivals.lock("k", acquire_timeout_s=FREED_WITHIN_S)
+            assert rival.acquire(), "the interrupted acquire's grant is held by nobody"
+            assert rival.release()
+            assert other.release()
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+
+
+async def test_over_tls_a_wait_cancelled_after_its_grant_leaves_no_held_key(
+    dflock_server_factory: Callable[..., ServerThread], tls_files: tuple[str, str]
+) -> None:
+    """The asyncio face over TLS: the cancelled wait's grant is read and released."""
+    cert, key = tls_files
+    server = dflock_server_factory(tls_cert=cert, tls_key=key)
+    context = ssl.create_default_context(cafile=cert)
+    with Client([server.address], ssl_context=context) as rivals:
+        async with AsyncClient([server.address], ssl_context=context) as waiting:
+            holder = rivals.lock("k", acquire_timeout_s=0)
+            assert holder.acquire()
+            other = waiting.lock("other")
+            assert await other.acquire()  # keeps the client's session alive
+            waiter = waiting.lock("k", acquire_timeout_s=30)
+            task = asyncio.create_task(waiter.acquire())
+            await until(lambda: tls_counts(rivals) == (1, 1), what="the waiter queued")
+            # Blocking, so the loop cannot read the grant: it is sent, not yet read, when
+            # cancelled.
+            assert holder.release()
+            wait_until(lambda: tls_counts(rivals) == (1, 0), what="the waiter granted")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            rival = waiting.lock("k", acquire_timeout_s=FREED_WITHIN_S)  # the loop runs on
+            assert await rival.acquire(), "the interrupted acquire's grant is held by nobody"
+            assert await rival.release()
+            assert await other.release()

@@ -29,7 +29,7 @@ from tests.support.ports import free_port
 from tests.support.processes import paused
 from tests.support.servers import DflockdProcess, dflockd_subprocess
 from tests.support.waiting import wait_until
-from tests.support.wire import Wire
+from tests.support.wire import Wire, holders_and_waiters
 
 SESSION_S = 3
 """The holders' client session (``session_ttl_s``; the default is 15 s)."""
@@ -227,6 +227,49 @@ def test_a_wait_longer_than_the_session_keeps_it_alive_and_the_grant_holds(
         with Wire(address) as rival:
             assert rival.req("l", "k", "0") == "timeout"
         assert second.release()
+
+
+def test_a_grant_that_ends_a_wait_through_a_server_stall_past_the_session_is_kept(
+    tmp_path: Path,
+) -> None:
+    """A lock waits in the key's queue when the server is stopped (SIGSTOP) past its client's
+    session, and the key's holder goes meanwhile: the grant that ends the wait, once the server
+    goes on, is made on a connection of a session the client took as over. It was reported lost
+    at once although the server held it for the lock (for its whole lease, the key held by
+    nobody); the connection now joins the client's current session, and the grant is renewed
+    by token: held, owned and kept alive. (Had the server granted it before ending the session,
+    which frees it, the acquire says it did not get the key.)"""
+    with (
+        dflockd_subprocess(tmp_path / "log", "--state-dir", str(tmp_path / "state")) as (
+            server,
+            address,
+        ),
+        Client([address], session_ttl_s=SESSION_S) as waiter,
+    ):
+        holder = Wire(address)  # a plain connection: its close frees the key
+        reply = holder.req("l", "k", "0 60")
+        assert reply.startswith("ok "), reply
+        lock = waiter.lock("k", lease_ttl_s=60, acquire_timeout_s=60)
+        granted: list[bool] = []
+        thread = threading.Thread(target=lambda: granted.append(lock.acquire()))
+        thread.start()
+        wait_until(lambda: holders_and_waiters(address, "k") == (1, 1), what="the lock queued")
+        with paused(server.pid):
+            time.sleep(PAUSE_S)  # past the waiter's session time
+            holder.close()  # read by the server once it goes on
+        thread.join(30)
+        if granted == [False]:
+            # The server granted before it ended the session, which freed the grant: the key
+            # is free, and the lock said it did not get it.
+            with Wire(address) as rival:
+                assert rival.req("l", "k", "0").startswith("ok ")
+            return
+        assert granted == [True]
+        time.sleep(SESSION_S + 1.0)  # past a session from the grant: kept alive, still held
+        assert lock.owned() and not lock.lost
+        with Wire(address) as rival:
+            assert rival.req("l", "k", "0") == "timeout"
+        assert lock.release()
 
 
 def _renewals_and_keepalives(metrics_port: int) -> tuple[float, float]:

@@ -170,9 +170,16 @@ class AsyncHolding:
         else:
             await conn.aclose()
 
-    async def start_renewing(self, conn: AsyncConnection) -> None:
-        """After a grant (operation lock held): pin ``conn``, renew, watch it. A renewal that
-        cannot start releases the grant rather than leave it unrenewed."""
+    async def start_renewing(self, conn: AsyncConnection) -> bool:
+        """After a grant (operation lock held): pin ``conn``, renew, watch it; True. A renewal
+        that cannot start releases the grant rather than leave it unrenewed. A grant made on a
+        connection whose client session ended while it waited (the server stalled past the
+        session's time) is confirmed first: the connection joins the current session and the
+        grant is renewed by token; False (the lock reset) when the server no longer holds it."""
+        if conn.session is not None and not conn.session.live() and not await self._confirm(conn):
+            self.core.reset()
+            await self.checkin(conn)
+            return False
         self.conn = conn
         event = self._lost_event
         if event is not None:
@@ -195,6 +202,16 @@ class AsyncHolding:
             if core.state is not LockState.IDLE:
                 core.reset()
             raise
+        return True
+
+    async def _confirm(self, conn: AsyncConnection) -> bool:
+        """`start_renewing`'s confirmation of a grant made in a session that ended."""
+        try:
+            await conn.rejoin()
+        except DflockError:  # the request closed it: the grant ends with its old session
+            return False
+        self.core.grant.session = conn.session  # where the server has it now, if anywhere
+        return (await self._renew_request(conn)).renewed
 
     async def renew_guarded(self, scheduled: bool) -> bool | None:
         """`renew_once`; an unexpected error marks the lock lost instead of escaping."""

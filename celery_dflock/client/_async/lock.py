@@ -184,8 +184,7 @@ class AsyncLockBase:
                 conn.close()
                 raise
             if granted:
-                await holding.start_renewing(conn)
-                return True
+                return await holding.start_renewing(conn)
             await conn.aclose()  # leave the queue for sure
             return False
 
@@ -271,7 +270,7 @@ class AsyncLockBase:
                 await holding.checkin(conn)
                 raise
             if granted and keep:
-                await holding.start_renewing(conn)
+                granted = await holding.start_renewing(conn)
             elif core.state is LockState.ENQUEUED:
                 holding.conn = conn
             else:
@@ -510,8 +509,7 @@ class AsyncDistributedLock(AsyncLockBase):
             if not held:
                 await holding.checkin(conn)
                 return False
-            await holding.start_renewing(conn)
-            return True
+            return await holding.start_renewing(conn)
 
     async def hand_off(self, lease_ttl: int) -> bool:
         """Let go of the held grant without releasing it (``hd``): detached with a lease of

@@ -54,6 +54,7 @@ class Connection:
         self.last_used = time.monotonic()
         self.server: ServerInfo | None = None  # its ``hello`` answer
         self.session: ClientSession | None = None  # the client session it joined
+        self.sessions: Sessions | None = None  # whose current session it joins
         self.transport = transport
         self._parser = transport.parser
         self._lock = threading.Lock()
@@ -97,7 +98,7 @@ class Connection:
                         " byte(s) nobody asked for after a reply; the connection was closed"
                     )
             except BaseException as exc:
-                if isinstance(exc, OSError | DflockError) or not self._reap(command, data):
+                if isinstance(exc, OSError | DflockError) or not self._reap(command, data, timeout):
                     self.close(abort=True)
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
@@ -109,31 +110,33 @@ class Connection:
             self.last_used = time.monotonic()
             return reply
 
-    def _reap(self, command: Command, data: bytes) -> bool:
+    def _reap(self, command: Command, data: bytes, timeout: float) -> bool:
         """An acquire interrupted on a session connection (cancelled, a signal's exception):
         a grant the server already sent belongs to the session, which its keep-alives would
         keep for good with nobody knowing its token. Half-close (a grant made after the
-        server sees EOF ends at once) and, in the background, read what is left and release
-        a grant found in it. False (TLS, no thread): nothing done, the caller closes."""
-        if command not in MAY_GRANT or self.session is None or not self.transport.half_close():
+        server sees EOF ends at once; a TLS close cannot be half, so there the wait runs its
+        ``timeout``) and, in the background, read what is left and release a grant found in
+        it. False (no thread): nothing done, the caller closes."""
+        if command not in MAY_GRANT or self.session is None:
             return False
+        wait_s = REPLY_GRACE_S if self.transport.half_close() else timeout
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
             self._reaper = background_thread(
-                lambda: self._release_leftover(command, key), f"dflock-reap:{key}"
+                lambda: self._release_leftover(command, key, wait_s), f"dflock-reap:{key}"
             )
         except RuntimeError:  # no thread (a process at its pid limit)
             return False
         self._closed = True
         return True
 
-    def _release_leftover(self, command: Command, key: str) -> None:
-        """`_reap`'s background part: a grant in the reply still to come is released over a
-        connection of its own, then this one is closed."""
+    def _release_leftover(self, command: Command, key: str, wait_s: float) -> None:
+        """`_reap`'s background part: a grant in the reply still to come (within ``wait_s``)
+        is released over a connection of its own, then this one is closed."""
         reply = None
         try:
             with contextlib.suppress(OSError, DflockError):  # EOF or no reply in time: none
-                reply = self.transport.exchange(command, b"", REPLY_GRACE_S)
+                reply = self.transport.exchange(command, b"", wait_s)
         finally:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):
@@ -188,12 +191,19 @@ class Connection:
                     conn = cls.open(endpoint)
             conn.server = server
             if sessions is not None and server.keeps_sessions:
-                ttl = server.session_ttl(endpoint.session_ttl_s)
-                conn.join(sessions.current(endpoint, ttl))
+                conn.sessions = sessions
+                conn.rejoin()
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def rejoin(self) -> None:
+        """Join the current session of its `Sessions`: on a server that let the one it was
+        in run out, that one ends first, with its grants; else they come along."""
+        sessions, server = self.sessions, self.server
+        assert sessions is not None and server is not None  # joined in `connect`
+        self.join(sessions.current(self.endpoint, server.session_ttl(self.endpoint.session_ttl_s)))
 
     def join(self, session: ClientSession) -> None:
         """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""

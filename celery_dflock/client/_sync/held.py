@@ -172,9 +172,16 @@ class Holding:
         else:
             conn.close()
 
-    def start_renewing(self, conn: Connection) -> None:
-        """After a grant (operation lock held): pin ``conn``, renew, watch it. A renewal that
-        cannot start releases the grant rather than leave it unrenewed."""
+    def start_renewing(self, conn: Connection) -> bool:
+        """After a grant (operation lock held): pin ``conn``, renew, watch it; True. A renewal
+        that cannot start releases the grant rather than leave it unrenewed. A grant made on a
+        connection whose client session ended while it waited (the server stalled past the
+        session's time) is confirmed first: the connection joins the current session and the
+        grant is renewed by token; False (the lock reset) when the server no longer holds it."""
+        if conn.session is not None and not conn.session.live() and not self._confirm(conn):
+            self.core.reset()
+            self.checkin(conn)
+            return False
         self.conn = conn
         event = self._lost_event
         if event is not None:
@@ -197,6 +204,16 @@ class Holding:
             if core.state is not LockState.IDLE:
                 core.reset()
             raise
+        return True
+
+    def _confirm(self, conn: Connection) -> bool:
+        """`start_renewing`'s confirmation of a grant made in a session that ended."""
+        try:
+            conn.rejoin()
+        except DflockError:  # the request closed it: the grant ends with its old session
+            return False
+        self.core.grant.session = conn.session  # where the server has it now, if anywhere
+        return (self._renew_request(conn)).renewed
 
     def renew_guarded(self, scheduled: bool) -> bool | None:
         """`renew_once`; an unexpected error marks the lock lost instead of escaping."""

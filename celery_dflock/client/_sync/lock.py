@@ -184,8 +184,7 @@ class LockBase:
                 conn.close()
                 raise
             if granted:
-                holding.start_renewing(conn)
-                return True
+                return holding.start_renewing(conn)
             conn.close()  # leave the queue for sure
             return False
 
@@ -271,7 +270,7 @@ class LockBase:
                 holding.checkin(conn)
                 raise
             if granted and keep:
-                holding.start_renewing(conn)
+                granted = holding.start_renewing(conn)
             elif core.state is LockState.ENQUEUED:
                 holding.conn = conn
             else:
@@ -509,8 +508,7 @@ class DistributedLock(LockBase):
             if not held:
                 holding.checkin(conn)
                 return False
-            holding.start_renewing(conn)
-            return True
+            return holding.start_renewing(conn)
 
     def hand_off(self, lease_ttl: int) -> bool:
         """Let go of the held grant without releasing it (``hd``): detached with a lease of

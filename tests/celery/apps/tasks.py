@@ -215,6 +215,21 @@ def end_block(self: LockedTask, name: str, seconds: float = BLOCK_LIMIT_S) -> st
     return name
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_key="end:{name}",
+    lock_ttl=ENDING_TTL,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def end_block_requeued(self: LockedTask, name: str, seconds: float) -> str:
+    """`end_block` whose message Celery requeues when its pool child is lost."""
+    record("body", name=name, fence=_fence(self))
+    _block(self, name, seconds)
+    return name
+
+
 @app.task(bind=True, base=LockedTask, lock_key="slow:{name}", lock_ttl=60)
 def slow_body(self: LockedTask, name: str, seconds: float) -> str:
     """A body of ``seconds`` under a 60 s lease (a release that waited for the lease would
