@@ -203,7 +203,8 @@ class Connection:
         in run out, that one ends first, with its grants; else they come along."""
         sessions, server = self.sessions, self.server
         assert sessions is not None and server is not None  # joined in `connect`
-        self.join(sessions.current(self.endpoint, server.session_ttl(self.endpoint.session_ttl_s)))
+        ttl = server.session_ttl(self.endpoint.session_ttl_s)
+        self.join(sessions.current(self.endpoint, ttl))
 
     def join(self, session: ClientSession) -> None:
         """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
