@@ -113,6 +113,12 @@ class ClusterRouter:
         owner = current.owner(key)
         return None if owner is None else split_address(owner)
 
+    def target(self, key: str) -> tuple[str, int] | None:
+        """Where ``key``'s shard moves to by the cached map (None: not known)."""
+        current = self.map
+        index = -1 if current is None else current.target[current.shard_of(key)]
+        return None if current is None or index < 0 else split_address(current.nodes[index])
+
 
 class KeyRoute:
     """Where one lock's requests go, and how its acquires follow a cluster's redirects."""

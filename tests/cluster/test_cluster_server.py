@@ -1014,3 +1014,45 @@ def test_a_member_cut_off_from_etcd_keeps_no_grant_alive_through_a_client_sessio
                     taken.release()
         proxy.resume()  # a rejoins before the proxy goes (its etcd connections through it)
         wait_metric(a, "dflockd_cluster_fenced", 0)
+
+
+def test_a_key_held_on_the_splits_target_is_force_released_and_released_by_token_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A shard split from a to b (a holds one of its keys, so the move waits): a key of it
+    granted by b on a's ticket, held by a client session alone, is freed by a force release
+    and released by its token through the client, whose map still names a. Before, a
+    answered the force release ``error_ask`` (the client raised ProtocolError) and the
+    release by token ``error`` (False: the key stayed held at b until its session ended)."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    crossed, by_token = keys_of(shard, "task:", 2)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+        Client(seeds, sharding_strategy="cluster") as operator,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        lock = client.lock(crossed, lease_ttl_s=30)
+        assert lock.acquire() and lock.server == b.address
+        freed = operator.force_release(crossed, note="ops")
+        assert freed == 1
+        wait_until(lambda: not lock.owned(), what="the holder learns its loss", timeout=WAIT_S)
+        other = client.lock(by_token, lease_ttl_s=30)
+        assert other.acquire() and other.server == b.address
+        assert other.token is not None
+        assert operator.release(by_token, other.token), "b's grant not released by its token"
+        assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)
