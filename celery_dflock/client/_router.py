@@ -189,6 +189,15 @@ class KeyRoute:
         if (host, port) != (self.endpoint.host, self.endpoint.port):
             self.endpoint = replace(self.endpoint, host=host, port=port)
 
+    def to_target(self) -> bool:
+        """Aim at the target of the key's shard when the map shows it moving elsewhere than
+        here (a key of a shard moving key by key may be granted there); False otherwise."""
+        target = None if self.router is None else self.router.target(self.key)
+        if target is None or target == (self.endpoint.host, self.endpoint.port):
+            return False
+        self.retarget(*target)
+        return True
+
     def route(self) -> bool:
         """Aim at the key's node by the cached map; False when there is none fresh: fetch it."""
         router = self.router

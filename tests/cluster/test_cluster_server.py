@@ -1056,3 +1056,42 @@ def test_a_key_held_on_the_splits_target_is_force_released_and_released_by_token
         assert operator.release(by_token, other.token), "b's grant not released by its token"
         assert holder.req("r", held, token) == "ok"
     unpin(etcd, prefix, shard)
+
+
+def test_a_hold_granted_by_the_splits_target_is_adopted_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A publish-time hold taken while its key's shard is split from a to b (so b grants it on
+    a's ticket) is adopted by the run (``ht``), through a client whose map still names a.
+    Before, the take-over went to a, which answered ``error``: the run could not adopt its own
+    message's hold and then found its key held."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "publish:", 1)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as publisher,
+        Client(seeds, sharding_strategy="cluster") as worker,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        hold = publisher.hold(crossed, note="task-1", lease_ttl=30, timeout=10)
+        assert hold.server == b.advertise
+        run = worker.lock(crossed, lease_ttl_s=30)
+        assert run.adopt(hold.token, note="task-1"), "the run could not adopt its hold"
+        assert run.server == b.address
+        assert run.renew()
+        run.release()
+        assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)

@@ -489,21 +489,25 @@ class AsyncDistributedLock(AsyncLockBase):
         async with holding.op_lock:
             core.require_idle()  # (a failure below resets the core)
             await self._route()
-            conn = await holding.checkout()
-            try:
-                command, data, timeout = core.take_over_request(
-                    conn.server, token, ht_note, close_lease
-                )
-                sent = time.monotonic()
-                reply = await conn.request(command, data, timeout)
-                held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
-            except BaseException:
-                core.reset()
+            while True:
+                conn = await holding.checkout()
+                try:
+                    command, data, timeout = core.take_over_request(
+                        conn.server, token, ht_note, close_lease
+                    )
+                    sent = time.monotonic()
+                    reply = await conn.request(command, data, timeout)
+                    held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
+                except BaseException:
+                    core.reset()
+                    await holding.checkin(conn)
+                    raise
+                if held:
+                    break
                 await holding.checkin(conn)
-                raise
-            if not held:
-                await holding.checkin(conn)
-                return False
+                # Not known here: a hold of a shard moving key by key may be at its target.
+                if core.busy or not core.routing.to_target():
+                    return False
             await holding.start_renewing(conn)
             return True
 

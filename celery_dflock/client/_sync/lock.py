@@ -488,21 +488,25 @@ class DistributedLock(LockBase):
         with holding.op_lock:
             core.require_idle()  # (a failure below resets the core)
             self._route()
-            conn = holding.checkout()
-            try:
-                command, data, timeout = core.take_over_request(
-                    conn.server, token, ht_note, close_lease
-                )
-                sent = time.monotonic()
-                reply = conn.request(command, data, timeout)
-                held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
-            except BaseException:
-                core.reset()
+            while True:
+                conn = holding.checkout()
+                try:
+                    command, data, timeout = core.take_over_request(
+                        conn.server, token, ht_note, close_lease
+                    )
+                    sent = time.monotonic()
+                    reply = conn.request(command, data, timeout)
+                    held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
+                except BaseException:
+                    core.reset()
+                    holding.checkin(conn)
+                    raise
+                if held:
+                    break
                 holding.checkin(conn)
-                raise
-            if not held:
-                holding.checkin(conn)
-                return False
+                # Not known here: a hold of a shard moving key by key may be at its target.
+                if core.busy or not core.routing.to_target():
+                    return False
             holding.start_renewing(conn)
             return True
 
