@@ -1145,3 +1145,41 @@ def test_a_key_held_on_a_cancelled_splits_node_is_released_by_token_there(
             lock.release()
             assert holder.req("r", held, token) == "ok"
     unpin(etcd, prefix, shard)
+
+
+def test_a_lock_held_on_the_splits_target_names_its_owner_there_and_stays_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A lock granted by b on a's ticket (its shard split from a to b) gets its owner note
+    (`note_token`, what a beat's leader lock does once held) at b, and stays b's: its server,
+    renewals and reattaching. Before, the note was routed by the map to a (refused: False), and
+    the held lock was aimed at a from then on (a reattach renewed at a: lost)."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "leader:", 1)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        lock = client.lock(crossed, lease_ttl_s=30)
+        assert lock.acquire() and lock.server == b.address
+        assert lock.token is not None
+        assert lock.note_token(lock.token, "beat-1"), "the owner note was refused"
+        assert lock.server == b.address
+        assert lock.renew()
+        assert lock.release()
+        assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)

@@ -375,16 +375,21 @@ class AsyncLockBase:
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:
-            await self._route()  # cluster: the key's node now
-            command, reply = await request_once(
-                holding.checkout,
-                holding.checkin,
-                core.endpoint,
-                lambda server: _by_token.note_request(
-                    server, core.endpoint.address, core.key, token, note
-                ),
-            )
-        return _by_token.done(command, reply, core.key, core.endpoint)
+            if core.state is not LockState.HELD:  # held: at its grant's server, kept there
+                await self._route()  # cluster: the key's node now
+            while True:
+                command, reply = await request_once(
+                    holding.checkout,
+                    holding.checkin,
+                    core.endpoint,
+                    lambda server: _by_token.note_request(
+                        server, core.endpoint.address, core.key, token, note
+                    ),
+                )
+                found = _by_token.done(command, reply, core.key, core.endpoint)
+                # Not known at the key's node: maybe at its moving shard's target.
+                if found or core.state is LockState.HELD or not core.routing.to_target():
+                    return found
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
