@@ -280,6 +280,8 @@ def test_a_member_leaving_gracefully_gives_a_session_key_to_no_one_before_its_ho
     ):
         held = holding.lock(key, lease_ttl_s=LEASE_S)
         assert held.acquire() and held.server == a.address
+        fence = held.fence
+        assert fence is not None
         time.sleep(SESSION_S)  # kept by keep-alives only
         a.proc.terminate()
         taken = rival.lock(key, lease_ttl_s=LEASE_S)
@@ -287,7 +289,7 @@ def test_a_member_leaving_gracefully_gives_a_session_key_to_no_one_before_its_ho
         try:
             assert not held.owned(), f"two holders: {held!r} still owns it, {taken!r} got it"
             assert taken.server == b.address
-            assert (taken.fence or 0) > (held.fence or 0)
+            assert (taken.fence or 0) > fence
         finally:
             taken.release()
             held.release()  # lost: closes its connection
@@ -425,3 +427,50 @@ def test_session_holders_under_random_moves_pauses_and_restarts_never_overlap(
     assert not overlaps, "\n".join(overlaps[:10])
     disordered = fences_out_of_order(beliefs)
     assert not disordered, "\n".join(disordered[:10])
+
+
+@pytest.mark.timeout(300)
+def test_the_splits_target_killed_and_restarted_keeps_or_tells_its_asked_key(
+    fleet: Fleet,
+) -> None:
+    """A shard split from A to B (A holds one of its keys); B grants another key of it on A's
+    ticket to a session holder, is killed (SIGKILL) and restarted in place with its journal.
+    The holder keeps the key (renewed by token on B's new run) or knows its loss before a
+    rival is granted it; once it lets go, the rival gets it with a higher fence."""
+    a, b = two_members(fleet)
+    pinned = key_of(fleet, a, "split:")
+    crossed = sibling_of(pinned, "crossed:")
+    seeds = fleet.seeds()
+    with (
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=WAIT_S) as keeper,
+        Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=WAIT_S) as rival,
+        keeper.lock(pinned, lease_ttl_s=LEASE_S),
+    ):
+        pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
+        wait_until(
+            lambda: read_view(fleet.etcd, fleet.prefix).shard_map[shard_id(pinned)].split
+            == b.advertise,
+            timeout=WAIT_S,
+            what="a splits the shard towards b",
+        )
+        held = holding.lock(crossed, lease_ttl_s=LEASE_S, acquire_timeout_s=WAIT_S)
+        assert held.acquire() and held.server == b.address
+        fence = held.fence
+        assert fence is not None
+        time.sleep(SESSION_S)  # kept by keep-alives only
+        b.proc.kill()
+        b.proc.wait(30)
+        b.proc = b._start()  # pyright: ignore[reportPrivateUsage]
+        taken = rival.lock(crossed, lease_ttl_s=LEASE_S, acquire_timeout_s=LEASE_S * 2)
+        try:
+            if not taken.acquire():  # the holder kept it
+                assert held.owned() and held.renew(), "nobody holds the key, yet the rival waited"
+                held.release()
+                assert taken.acquire(), "the rival never got the key"
+            assert not held.owned(), f"two holders: {held!r} still owns it, {taken!r} got it"
+            assert (taken.fence or 0) > fence
+        finally:
+            taken.release()
+            held.release()  # lost: closes its connection
+    unpin(fleet.etcd, fleet.prefix, shard_id(pinned))
