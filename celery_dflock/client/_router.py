@@ -114,10 +114,15 @@ class ClusterRouter:
         return None if owner is None else split_address(owner)
 
     def target(self, key: str) -> tuple[str, int] | None:
-        """Where ``key``'s shard moves to by the cached map (None: not known)."""
-        current = self.map
-        index = -1 if current is None else current.target[current.shard_of(key)]
-        return None if current is None or index < 0 else split_address(current.nodes[index])
+        """Where ``key`` may be granted besides its shard's current node, by the cached map:
+        the node its shard is split to (a move key by key), else its target (None: unknown)."""
+        known = self.map
+        if known is None:
+            return None
+        shard = known.shard_of(key)
+        index = known.split[shard] if known.split and known.split[shard] >= 0 else -1
+        index = known.target[shard] if index < 0 else index
+        return None if index < 0 else split_address(known.nodes[index])
 
 
 class KeyRoute:
