@@ -99,6 +99,10 @@ class Fleet:
     def owner(self, key: str) -> str:
         return read_view(self.etcd, self.prefix).shard_map[shard_id(key)].current
 
+    def split_of(self, key: str) -> str:
+        """The node ``key``'s shard is split to ("" when none)."""
+        return read_view(self.etcd, self.prefix).shard_map[shard_id(key)].split
+
     def seeds(self) -> list[tuple[str, int]]:
         return [m.address for m in self.members]
 
@@ -241,9 +245,7 @@ def test_the_splits_target_paused_past_the_session_gives_its_asked_key_to_no_one
     ):
         pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
         wait_until(
-            lambda: (
-                read_view(fleet.etcd, fleet.prefix).shard_map[shard_id(pinned)].split == b.advertise
-            ),
+            lambda: fleet.split_of(pinned) == b.advertise,
             timeout=WAIT_S,
             what="a splits the shard towards b",
         )
@@ -449,8 +451,7 @@ def test_the_splits_target_killed_and_restarted_keeps_or_tells_its_asked_key(
     ):
         pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
         wait_until(
-            lambda: read_view(fleet.etcd, fleet.prefix).shard_map[shard_id(pinned)].split
-            == b.advertise,
+            lambda: fleet.split_of(pinned) == b.advertise,
             timeout=WAIT_S,
             what="a splits the shard towards b",
         )
