@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._refusals import describe_lock, refusal_error
-from celery_dflock.client._replies import ErrorReply, Freed, Moved, Renewed, Reply
+from celery_dflock.client._replies import Asked, ErrorReply, Freed, Moved, Renewed, Reply
 from celery_dflock.client._requests import (
     Command,
     checked_hand_down,
@@ -66,6 +66,11 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
     """How many grants a force release freed; raises for a refusal."""
     if isinstance(reply, Freed):
         return reply.grants
+    if isinstance(reply, Moved | Asked) or command is Command.ASKING:
+        raise ServerUnavailable(
+            f"the cluster's members kept redirecting the force release of {describe_lock(key)} "
+            f"(last from {endpoint.address}): its shard is moving; try again in a moment"
+        )
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         raise ForceReleaseUnsupported(
             f"server {endpoint.address} refused the force release of {describe_lock(key)} "
@@ -73,11 +78,6 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
         )
     if isinstance(reply, ErrorReply):
         raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
-    if isinstance(reply, Moved):
-        raise ServerUnavailable(
-            f"the cluster's members kept redirecting the force release of {describe_lock(key)} "
-            f"(last to {reply.address}): its shard is moving; try again in a moment"
-        )
     raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
 

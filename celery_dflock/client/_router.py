@@ -113,6 +113,17 @@ class ClusterRouter:
         owner = current.owner(key)
         return None if owner is None else split_address(owner)
 
+    def target(self, key: str) -> tuple[str, int] | None:
+        """Where ``key`` may be granted besides its shard's current node, by the cached map:
+        the node its shard is split to (a move key by key), else its target (None: unknown)."""
+        known = self.map
+        if known is None:
+            return None
+        shard = known.shard_of(key)
+        index = known.split[shard] if known.split and known.split[shard] >= 0 else -1
+        index = known.target[shard] if index < 0 else index
+        return None if index < 0 else split_address(known.nodes[index])
+
 
 class KeyRoute:
     """Where one lock's requests go, and how its acquires follow a cluster's redirects."""
@@ -182,6 +193,15 @@ class KeyRoute:
     def retarget(self, host: str, port: int) -> None:
         if (host, port) != (self.endpoint.host, self.endpoint.port):
             self.endpoint = replace(self.endpoint, host=host, port=port)
+
+    def to_target(self) -> bool:
+        """Aim at the target of the key's shard when the map shows it moving elsewhere than
+        here (a key of a shard moving key by key may be granted there); False otherwise."""
+        target = None if self.router is None else self.router.target(self.key)
+        if target is None or target == (self.endpoint.host, self.endpoint.port):
+            return False
+        self.retarget(*target)
+        return True
 
     def route(self) -> bool:
         """Aim at the key's node by the cached map; False when there is none fresh: fetch it."""

@@ -101,6 +101,9 @@ class ClusterMap:
     leader: str | None = None
     pinned: tuple[int, ...] = ()
     moving: tuple[int, ...] = ()
+    split: tuple[int, ...] = ()
+    """Per shard moving key by key, the node its keys may be granted at (-1: none; empty
+    from a server that predates it)."""
     source: str | None = field(default=None, compare=False)  # the member that answered
 
     @classmethod
@@ -118,9 +121,10 @@ class ClusterMap:
         nodes = _listed(data, "nodes", where, str)
         current = _listed(data, "current", where, int)
         target = _listed(data, "target", where, int)
-        if len(current) != count or len(target) != count:
+        split = _listed(data, "split", where, int)
+        if len(current) != count or len(target) != count or len(split) not in (0, count):
             raise ProtocolError(f"{where}: current and target must list {count} shards each")
-        if any(not -1 <= index < len(nodes) for index in (*current, *target)):
+        if any(not -1 <= index < len(nodes) for index in (*current, *target, *split)):
             raise ProtocolError(f"{where}: a shard names a node outside 'nodes'")
         return cls(
             shard_count=count,
@@ -131,6 +135,7 @@ class ClusterMap:
             leader=_optional_str(data, "leader"),
             pinned=_listed(data, "pinned", where, int),
             moving=_listed(data, "moving", where, int),
+            split=split,
             source=_optional_str(data, "self"),
         )
 

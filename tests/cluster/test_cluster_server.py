@@ -1014,3 +1014,169 @@ def test_a_member_cut_off_from_etcd_keeps_no_grant_alive_through_a_client_sessio
                     taken.release()
         proxy.resume()  # a rejoins before the proxy goes (its etcd connections through it)
         wait_metric(a, "dflockd_cluster_fenced", 0)
+
+
+def test_a_key_held_on_the_splits_target_is_force_released_and_released_by_token_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A shard split from a to b (a holds one of its keys, so the move waits): a key of it
+    granted by b on a's ticket, held by a client session alone, is freed by a force release
+    and released by its token through the client, whose map still names a. Before, a
+    answered the force release ``error_ask`` (the client raised ProtocolError) and the
+    release by token ``error`` (False: the key stayed held at b until its session ended)."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    crossed, by_token = keys_of(shard, "task:", 2)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+        Client(seeds, sharding_strategy="cluster") as operator,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        lock = client.lock(crossed, lease_ttl_s=30)
+        assert lock.acquire() and lock.server == b.address
+        freed = operator.force_release(crossed, note="ops")
+        assert freed == 1
+        wait_until(lambda: not lock.owned(), what="the holder learns its loss", timeout=WAIT_S)
+        other = client.lock(by_token, lease_ttl_s=30)
+        assert other.acquire() and other.server == b.address
+        assert other.token is not None
+        assert operator.release(by_token, other.token), "b's grant not released by its token"
+        assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)
+
+
+def test_a_hold_granted_by_the_splits_target_is_adopted_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A publish-time hold taken while its key's shard is split from a to b (so b grants it on
+    a's ticket) is adopted by the run (``ht``), through a client whose map still names a.
+    Before, the take-over went to a, which answered ``error``: the run could not adopt its own
+    message's hold and then found its key held."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "publish:", 1)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as publisher,
+        Client(seeds, sharding_strategy="cluster") as worker,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        hold = publisher.hold(crossed, note="task-1", lease_ttl=30, timeout=10)
+        assert hold.server == b.advertise
+        run = worker.lock(crossed, lease_ttl_s=30)
+        assert run.adopt(hold.token, note="task-1"), "the run could not adopt its hold"
+        assert run.server == b.address
+        assert run.renew()
+        run.release()
+        assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)
+
+
+def test_a_key_held_on_a_cancelled_splits_node_is_released_by_token_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """As `test_a_key_held_on_the_splits_target_is_force_released_and_released_by_token_there`,
+    the move then cancelled (pinned back to a) while the key crossed to b is held: the split
+    stays, b holds the key, and the client's release by token reaches b (``shards`` names the
+    split's node). Before, ``shards`` showed no split (target and current a again): the
+    release went to a only and answered False."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "task:", 1)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+        Client(seeds, sharding_strategy="cluster") as operator,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        lock = client.lock(crossed, lease_ttl_s=30)
+        assert lock.acquire() and lock.server == b.address
+        assert lock.token is not None
+        pin(etcd, prefix, shard, a.advertise)  # cancelled: the target is a again
+
+        def cancelled() -> bool:
+            info = operator.shards(a.advertise)[0].shards
+            return info is not None and shard not in info.moving
+
+        wait_until(cancelled, what="a shows the move cancelled", timeout=WAIT_S)
+        try:
+            assert operator.release(crossed, lock.token), "b's grant not released by its token"
+        finally:
+            lock.release()
+            assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)
+
+
+def test_a_lock_held_on_the_splits_target_names_its_owner_there_and_stays_there(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A lock granted by b on a's ticket (its shard split from a to b) gets its owner note
+    (`note_token`, what a beat's leader lock does once held) at b, and stays b's: its server,
+    renewals and reattaching. Before, the note was routed by the map to a (refused: False), and
+    the held lock was aimed at a from then on (a reattach renewed at a: lost)."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "leader:", 1)
+    seeds = [a.address, b.address]
+    with (
+        Wire(a.address) as holder,
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+    ):
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: is_ask(acquire(a.address, crossed), b),
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        lock = client.lock(crossed, lease_ttl_s=30)
+        assert lock.acquire() and lock.server == b.address
+        assert lock.token is not None
+        assert lock.note_token(lock.token, "beat-1"), "the owner note was refused"
+        assert lock.server == b.address
+        assert lock.renew()
+        assert lock.release()
+        assert holder.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)

@@ -270,4 +270,4 @@ def _settled(info: dict[str, object], live: int) -> bool:
 
 
 def _brief(info: dict[str, object]) -> str:
-    return str({k: v for k, v in info.items() if k not in {"current", "target"}})[:800]
+    return str({k: v for k, v in info.items() if k not in {"current", "target", "split"}})[:800]

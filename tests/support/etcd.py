@@ -155,6 +155,12 @@ class EtcdServer:
     def client(self, timeout: float = 5.0) -> EtcdClient:
         return EtcdClient(EtcdTransport(self.url, timeout=timeout))
 
+    @property
+    def pid(self) -> int:
+        """The running etcd's process id (to pause it)."""
+        assert self._process is not None
+        return self._process.pid
+
 
 def etcd_or_skip(directory: Path) -> Iterator[EtcdServer]:
     """A started `EtcdServer` under ``directory`` for a fixture to yield; stopped after."""

@@ -377,20 +377,25 @@ class AsyncLockBase:
 
     async def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; False if it no longer
-        holds the key. Routed as an acquire is."""
+        holds the key. Sent to the held grant's server, else routed as an acquire is."""
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:
-            await self._route()  # cluster: the key's node now
-            command, reply = await request_once(
-                holding.checkout,
-                holding.checkin,
-                core.endpoint,
-                lambda server: _by_token.note_request(
-                    server, core.endpoint.address, core.key, token, note
-                ),
-            )
-        return _by_token.done(command, reply, core.key, core.endpoint)
+            if core.state is not LockState.HELD:  # held: at its grant's server, kept there
+                await self._route()  # cluster: the key's node now
+            while True:
+                command, reply = await request_once(
+                    holding.checkout,
+                    holding.checkin,
+                    core.endpoint,
+                    lambda server: _by_token.note_request(
+                        server, core.endpoint.address, core.key, token, note
+                    ),
+                )
+                found = _by_token.done(command, reply, core.key, core.endpoint)
+                # Not known at the key's node: maybe at its moving shard's target.
+                if found or core.state is LockState.HELD or not core.routing.to_target():
+                    return found
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
@@ -494,21 +499,25 @@ class AsyncDistributedLock(AsyncLockBase):
         async with holding.op_lock:
             core.require_idle()  # (a failure below resets the core)
             await self._route()
-            conn = await holding.checkout()
-            try:
-                command, data, timeout = core.take_over_request(
-                    conn.server, token, ht_note, close_lease
-                )
-                sent = time.monotonic()
-                reply = await conn.request(command, data, timeout)
-                held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
-            except BaseException:
-                core.reset()
+            while True:
+                conn = await holding.checkout()
+                try:
+                    command, data, timeout = core.take_over_request(
+                        conn.server, token, ht_note, close_lease
+                    )
+                    sent = time.monotonic()
+                    reply = await conn.request(command, data, timeout)
+                    held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
+                except BaseException:
+                    core.reset()
+                    await holding.checkin(conn)
+                    raise
+                if held:
+                    break
                 await holding.checkin(conn)
-                raise
-            if not held:
-                await holding.checkin(conn)
-                return False
+                # Not known here: a hold of a shard moving key by key may be at its target.
+                if core.busy or not core.routing.to_target():
+                    return False
             return await holding.start_renewing(conn)
 
     async def hand_off(self, lease_ttl: int) -> bool:

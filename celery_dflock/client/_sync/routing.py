@@ -3,15 +3,18 @@
 """Reaching a key's server: the cluster map's refresh, and one request by token over a pool
 (asyncio source of the ``_sync/`` twin). A client's request by token needs no lock object:
 `send_by_token` routes the key as its acquire would and sends the one request on a pooled
-connection; `send_to_owner` (a force release) also follows a cluster's ``error_moved``.
+connection (to a moving shard's target too when its current member does not know the token: a
+key-level move's keys are granted there); `send_to_owner` (a force release) also follows a
+cluster's ``error_moved`` and ``error_ask``.
 """
 
 from __future__ import annotations
 
 from collections import abc
 
+from celery_dflock.client import _requests, wire
 from celery_dflock.client._by_token import Request
-from celery_dflock.client._replies import Moved, Reply
+from celery_dflock.client._replies import Asked, ErrorReply, Moved, Ok, Reply
 from celery_dflock.client._requests import Command
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
 from celery_dflock.client._servers import ServerInfo
@@ -62,11 +65,15 @@ def refresh_map(
 
 
 def request_once(
-    checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: Build
+    checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: Build, asking: bytes = b""
 ) -> tuple[Command, Reply]:
+    """One request on a pooled connection, after ``asking`` (if any) was admitted there (a
+    refused one is the reply)."""
     conn = checkout(endpoint)
     try:
         command, data, timeout = build(conn.server)
+        if asking and not isinstance(admitted := conn.request(Command.ASKING, asking), Ok):
+            return Command.ASKING, admitted
         reply = conn.request(command, data, timeout)
     finally:
         checkin(conn)
@@ -94,6 +101,16 @@ def send_by_token(
     command, reply = request_once(
         pool.checkout, pool.checkin, endpoint, lambda server: build(server, address)
     )
+    target = None if router is None else router.target(key)
+    if target is not None and target != owner and reply == ErrorReply(wire.STATUS_ERROR):
+        # Not known at the current member: a key of a split shard may be held at its target.
+        endpoint = settings.endpoint(*target)
+        command, reply = request_once(
+            pool.checkout,
+            pool.checkin,
+            endpoint,
+            lambda server, at=endpoint.address: build(server, at),
+        )
     return command, reply, endpoint
 
 
@@ -104,16 +121,26 @@ def send_to_owner(
     key: str,
     build: BuildAt,
 ) -> tuple[Command, Reply, Endpoint]:
-    """`send_by_token`, following ``error_moved`` up to `REDIRECT_LOOP` times in a row."""
+    """`send_by_token`, following ``error_moved`` and ``error_ask`` (``asking`` first, with
+    the member's ticket) up to `REDIRECT_LOOP` times in a row; a refused ``asking`` starts
+    over at the key's member."""
     command, reply, endpoint = send_by_token(pool, settings, router, key, build)
     for _ in range(REDIRECT_LOOP):
-        if not isinstance(reply, Moved):
+        if command is Command.ASKING:
+            command, reply, endpoint = send_by_token(pool, settings, router, key, build)
+            continue
+        if not isinstance(reply, Moved | Asked):
             break
-        if router is not None:
+        if router is not None and isinstance(reply, Moved):
             router.invalidate()
+        asking = _requests.encode_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
         endpoint = settings.endpoint(*split_address(reply.address))
         address = endpoint.address
         command, reply = request_once(
-            pool.checkout, pool.checkin, endpoint, lambda server, at=address: build(server, at)
+            pool.checkout,
+            pool.checkin,
+            endpoint,
+            lambda server, at=address: build(server, at),
+            asking,
         )
     return command, reply, endpoint

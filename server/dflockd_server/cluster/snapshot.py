@@ -124,13 +124,15 @@ class ClusterOwnership:
     def describe(self) -> dict[str, object]:
         shard_map = self.view.shard_map
         items = shard_map.items()
-        nodes = sorted({n for _, a in items for n in (a.target, a.current) if n})
+        nodes = sorted({n for _, a in items for n in (a.target, a.current, a.split) if n})
         index = {n: i for i, n in enumerate(nodes)}
         current = [-1] * SHARD_COUNT
         target = [-1] * SHARD_COUNT
+        split = [-1] * SHARD_COUNT
         for shard, a in items:
             target[shard] = index[a.target]
             current[shard] = index.get(a.current, -1)
+            split[shard] = index.get(a.split, -1)
         return {
             "mode": c.MODE_CLUSTER,
             "self": self.me,
@@ -141,6 +143,7 @@ class ClusterOwnership:
             "nodes": nodes,
             "current": current,
             "target": target,
+            "split": split,
             "pinned": shard_map.pinned_shards(),
             "moving": shard_map.moves_in_progress(),
         }
