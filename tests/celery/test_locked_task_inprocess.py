@@ -354,6 +354,33 @@ def test_an_eager_run_inside_the_run_holding_its_key_fails_at_once(
     assert free_now(server, "report:7")
 
 
+def test_an_eager_run_inside_the_run_holding_the_one_slot_of_its_key_fails_at_once(
+    server: ServerThread,
+) -> None:
+    """As a lock's: a semaphore of one slot (``lock_limit=1``) held by the run that sends a
+    task of its key eagerly left the nested run waiting for its own caller, then retrying
+    without end."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="slot:{cid}", lock_limit=1)
+    def send_report(cid: int) -> None:
+        raise AssertionError("runs inside the holder of its one slot")
+
+    @app.task(shared=False, base=LockedTask, lock_key="slot:{cid}", lock_limit=1)
+    def build_report(cid: int) -> str:
+        nested = send_report.apply((cid,))
+        assert nested.state == "FAILURE"
+        return str(nested.result)
+
+    outcome: list[str] = []
+    caller = threading.Thread(target=lambda: outcome.append(build_report.delay(7).get()))
+    caller.start()
+    caller.join(20)
+    assert not caller.is_alive(), "the nested run waited for its own caller's slot"
+    (said,) = outcome
+    assert "'slot:7' is held by the run that called it" in said, said
+
+
 def test_an_eager_retry_under_on_locked_retry_runs_again(server: ServerThread) -> None:
     """Celery runs an eager ``self.retry`` after the run that asked for it, not inside it: the
     retried run is no run inside the holder of its key (the check above leaves it alone)."""
