@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, Task
 
 from celery_dflock import (
     LockedTask,
@@ -486,6 +486,35 @@ def test_config_only_locking_of_a_plain_task(server: ServerThread) -> None:
         other.release()
     assert third_party.apply().get() == "ran"
     assert seen and seen[0] is not None
+
+
+def test_config_only_locking_keeps_a_tasks_own_worker_request(server: ServerThread) -> None:
+    """A task locked by ``dflock_task_locks`` alone keeps the worker request class it names
+    (Celery's ``Task.Request``, whose hooks the worker calls); `LockedTask`'s took its place,
+    so the task's own ``on_failure`` or ``on_timeout`` hooks were no longer called."""
+    from celery.worker.request import Request
+
+    class Audited(Request):
+        pass
+
+    class AuditedTask(Task):
+        Request = Audited
+
+    app = inproc_app(server, dflock_task_locks={"inproc.audited": {"lock_key": "au"}})
+
+    @app.task(shared=False, name="inproc.audited", base=AuditedTask)
+    def audited() -> None:
+        pass
+
+    @app.task(shared=False, name="inproc.plain")
+    def plain() -> None:
+        pass
+
+    install(app)
+    app.finalize()
+    apply_task_locks(app)
+    assert isinstance(audited, LockedTask) and audited.Request is Audited
+    assert isinstance(plain, Task) and plain.Request == Task.Request
 
 
 def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread) -> None:
