@@ -92,7 +92,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         return run(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
     nested = len(task_stack) > 1  # called directly or eagerly inside another run
-    if nested and options.on_locked == "retry" and options.limit is None and _held_above(key):
+    if nested and options.on_locked == "retry" and options.limit in (None, 1) and _held_above(key):
         raise LockNotAcquired(
             f"{message.label}: lock {key!r} is held by the run that called it (directly or "
             "eagerly), which waits for it: it would wait for itself; give it another lock_key"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, cast
 
 from celery_dflock._celery import (
+    BaseTask,
     TimeLimitExceeded,
     WorkerLostError,
     get_logger,
@@ -379,6 +380,8 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
         if isinstance(task, locked_task):
             continue
         original: Any = task.__class__
+        # A worker request of its own stays (else `LockedTask`'s: a lost child's release).
+        own = {} if original.Request == BaseTask.Request else {"Request": original.Request}
         task.__class__ = type(
             original.__name__,
             (locked_task, original),
@@ -386,6 +389,7 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
                 "__module__": original.__module__,
                 "__qualname__": original.__qualname__,
                 "throws": with_skip(getattr(original, "throws", ())),
+                **own,
             },
         )
         changed.append(name)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, Task
 
 from celery_dflock import (
     LockedTask,
@@ -354,6 +354,33 @@ def test_an_eager_run_inside_the_run_holding_its_key_fails_at_once(
     assert free_now(server, "report:7")
 
 
+def test_an_eager_run_inside_the_run_holding_the_one_slot_of_its_key_fails_at_once(
+    server: ServerThread,
+) -> None:
+    """As a lock's: a semaphore of one slot (``lock_limit=1``) held by the run that sends a
+    task of its key eagerly left the nested run waiting for its own caller, then retrying
+    without end."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="slot:{cid}", lock_limit=1)
+    def send_report(cid: int) -> None:
+        raise AssertionError("runs inside the holder of its one slot")
+
+    @app.task(shared=False, base=LockedTask, lock_key="slot:{cid}", lock_limit=1)
+    def build_report(cid: int) -> str:
+        nested = send_report.apply((cid,))
+        assert nested.state == "FAILURE"
+        return str(nested.result)
+
+    outcome: list[str] = []
+    caller = threading.Thread(target=lambda: outcome.append(build_report.delay(7).get()))
+    caller.start()
+    caller.join(20)
+    assert not caller.is_alive(), "the nested run waited for its own caller's slot"
+    (said,) = outcome
+    assert "'slot:7' is held by the run that called it" in said, said
+
+
 def test_an_eager_retry_under_on_locked_retry_runs_again(server: ServerThread) -> None:
     """Celery runs an eager ``self.retry`` after the run that asked for it, not inside it: the
     retried run is no run inside the holder of its key (the check above leaves it alone)."""
@@ -459,6 +486,35 @@ def test_config_only_locking_of_a_plain_task(server: ServerThread) -> None:
         other.release()
     assert third_party.apply().get() == "ran"
     assert seen and seen[0] is not None
+
+
+def test_config_only_locking_keeps_a_tasks_own_worker_request(server: ServerThread) -> None:
+    """A task locked by ``dflock_task_locks`` alone keeps the worker request class it names
+    (Celery's ``Task.Request``, whose hooks the worker calls); `LockedTask`'s took its place,
+    so the task's own ``on_failure`` or ``on_timeout`` hooks were no longer called."""
+    from celery.worker.request import Request
+
+    class Audited(Request):
+        pass
+
+    class AuditedTask(Task):
+        Request = Audited
+
+    app = inproc_app(server, dflock_task_locks={"inproc.audited": {"lock_key": "au"}})
+
+    @app.task(shared=False, name="inproc.audited", base=AuditedTask)
+    def audited() -> None:
+        pass
+
+    @app.task(shared=False, name="inproc.plain")
+    def plain() -> None:
+        pass
+
+    install(app)
+    app.finalize()
+    apply_task_locks(app)
+    assert isinstance(audited, LockedTask) and audited.Request is Audited
+    assert isinstance(plain, Task) and plain.Request == Task.Request
 
 
 def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread) -> None:

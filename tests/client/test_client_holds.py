@@ -555,3 +555,24 @@ def test_a_lease_above_the_servers_longest_is_refused_and_the_grant_kept(
     else:
         with Client([address]) as client:
             asyncio.run(main(client, awaited))
+
+
+def test_note_token_refuses_a_token_or_note_the_protocol_cannot_carry(
+    dflock_server: ServerThread,
+) -> None:
+    """``lock.note_token`` checks its token and note before sending, as ``client.note`` does:
+    a note with line breaks went to the server as it was, so its lines after the first were
+    read as requests of their own (here a release of the lock by its token)."""
+    address = dflock_server.address
+    with Client([address]) as client:
+        lock = client.lock("nt:k", note="first")
+        assert lock.acquire()
+        token = lock.token
+        assert token is not None
+        with pytest.raises(InvalidValueError, match="note must be"):
+            lock.note_token(token, f"x\nr\nnt:k\n{token}")
+        with pytest.raises(InvalidValueError, match="token"):
+            lock.note_token("not a token", "n")
+        entry = lock_entry(address, "nt:k")
+        assert entry is not None and entry["owner"] == "first"
+        assert lock.release()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from celery_dflock.client import Client
+from celery_dflock.client._sync.connection import Connection
 from tests.support.ports import free_port
 from tests.support.processes import paused
 from tests.support.servers import DflockdProcess, dflockd_subprocess
@@ -270,6 +271,71 @@ def test_a_grant_that_ends_a_wait_through_a_server_stall_past_the_session_is_kep
         with Wire(address) as rival:
             assert rival.req("l", "k", "0") == "timeout"
         assert lock.release()
+
+
+class Interrupted(Exception):
+    """What a signal handler raises in the blocked acquire (as Celery's soft time limit)."""
+
+
+def test_an_acquire_interrupted_while_it_confirms_a_grant_through_a_stall_leaves_no_held_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant that ends a wait through a server stall past the client's session is
+    confirmed: the connection joins the client's current session (the grant comes along) and
+    the grant is renewed by token. An interruption there (a soft time limit, a cancellation)
+    left the grant in that session with the lock object held but nobody renewing or releasing
+    it, and the session's keep-alives, which the client's other locks go on sending, kept it
+    for good. It is now released in the background, as an interrupted release's is. (Where
+    the server ended the old session before the grant, which frees it, the rival gets the key
+    either way; the grant comes along in most runs: this failed 2 of 2 before the fix.)"""
+    armed: list[threading.Thread] = []
+    rejoin = Connection.rejoin
+
+    def interrupted_after(conn: Connection) -> None:
+        rejoin(conn)
+        if armed and armed[0] is threading.current_thread():
+            armed.clear()
+            raise Interrupted  # as a signal's exception, just after the join was answered
+
+    monkeypatch.setattr(Connection, "rejoin", interrupted_after)
+    with (
+        dflockd_subprocess(tmp_path / "log", "--state-dir", str(tmp_path / "state")) as (
+            server,
+            address,
+        ),
+        Client([address], session_ttl_s=SESSION_S) as waiter,
+    ):
+        holder = Wire(address)  # a plain connection: its close frees the key
+        reply = holder.req("l", "k", "0 60")
+        assert reply.startswith("ok "), reply
+        lock = waiter.lock("k", lease_ttl_s=60, acquire_timeout_s=60)
+        raised: list[BaseException] = []
+
+        def acquire() -> None:
+            try:
+                lock.acquire()
+            except Interrupted as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        wait_until(lambda: holders_and_waiters(address, "k") == (1, 1), what="the lock queued")
+        armed.append(thread)  # (its connection joined the session before it queued)
+        with paused(server.pid):
+            time.sleep(PAUSE_S)  # past the waiter's session time
+            holder.close()  # read by the server once it goes on
+        thread.join(30)
+        if armed:  # no confirmation: the server ended the session before it granted the key
+            pytest.skip("the server freed the grant with the session: nothing to confirm")
+        assert raised, "the acquire was not interrupted"
+        keeper = waiter.lock("keeper", lease_ttl_s=60)
+        assert keeper.acquire()  # keeps the client's session alive
+        rival = Client([address], acquire_timeout_s=SESSION_S + 2)
+        with rival:
+            other = rival.lock("k")
+            assert other.acquire(), "the interrupted confirmation's grant is held by nobody"
+            assert other.release()
+        assert keeper.release()
 
 
 def _renewals_and_keepalives(metrics_port: int) -> tuple[float, float]:

@@ -378,6 +378,7 @@ class AsyncLockBase:
     async def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; False if it no longer
         holds the key. Sent to the held grant's server, else routed as an acquire is."""
+        token, note = _requests.validate_token(token), _requests.validate_note(note)
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:

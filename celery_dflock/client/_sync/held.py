@@ -178,11 +178,12 @@ class Holding:
         connection whose client session ended while it waited (the server stalled past the
         session's time) is confirmed first: the connection joins the current session and the
         grant is renewed by token; False (the lock reset) when the server no longer holds it."""
+        self.conn = conn
         if conn.session is not None and not conn.session.live() and not self._confirm(conn):
+            self.conn = None
             self.core.reset()
             self.checkin(conn)
             return False
-        self.conn = conn
         event = self._lost_event
         if event is not None:
             event.clear()
@@ -207,13 +208,17 @@ class Holding:
         return True
 
     def _confirm(self, conn: Connection) -> bool:
-        """`start_renewing`'s confirmation of a grant made in a session that ended."""
+        """`start_renewing`'s confirmation of a grant made in a session that ended (``conn``
+        pinned: an interruption abandons the grant, released by token in the background)."""
         try:
             conn.rejoin()
+            self.core.grant.session = conn.session  # where the server has it now, if anywhere
+            return (self._renew_request(conn)).renewed
         except DflockError:  # the request closed it: the grant ends with its old session
             return False
-        self.core.grant.session = conn.session  # where the server has it now, if anywhere
-        return (self._renew_request(conn)).renewed
+        except BaseException:
+            self.abandon()
+            raise
 
     def renew_guarded(self, scheduled: bool) -> bool | None:
         """`renew_once`; an unexpected error marks the lock lost instead of escaping."""
