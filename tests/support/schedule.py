@@ -23,6 +23,7 @@ import pytest
 
 LONGEST_FILES: Final = (
     "tests/test_packaging.py",  # it builds the wheels first
+    "tests/cluster/test_cluster_sessions.py",  # about 270 s (alone at -n 2, 2026-11-30)
     "tests/celery/test_outage.py",  # 204 s
     "tests/cluster/test_cluster_server.py",  # 169 s
     "tests/cluster/test_node.py",  # 116 s
