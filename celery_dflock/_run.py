@@ -91,7 +91,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options is None:
         return run(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
-    nested = len(task_stack) > 1  # called directly or eagerly inside another run
+    # Called directly, or eagerly inside another run (``apply`` names that run its parent).
+    nested = request.called_directly or (request.is_eager and request.parent_id is not None)
     if nested and options.on_locked == "retry" and options.limit in (None, 1) and _held_above(key):
         raise LockNotAcquired(
             f"{message.label}: lock {key!r} is held by the run that called it (directly or "
