@@ -91,8 +91,12 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options is None:
         return run(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
-    # Called directly, or applied inside another run (a worker's run is neither).
-    nested = request.called_directly or (request.is_eager and len(task_stack) > 1)
+    # Called directly, or applied inside another run (a worker's run is neither): a Celery
+    # whose apply names the root names the parent too; an older one (no root), the stack.
+    nested = request.called_directly or (
+        request.is_eager
+        and (request.parent_id is not None or (request.root_id is None and len(task_stack) > 1))
+    )
     if nested and options.on_locked == "retry" and options.limit in (None, 1) and _held_above(key):
         raise LockNotAcquired(
             f"{message.label}: lock {key!r} is held by the run that called it (directly or "
