@@ -351,7 +351,8 @@ class RunGuard:
         self._state = threading.Lock()
         self._body: BodyTarget | None = None
         self.interrupt_due = False
-        """An interrupt was sent (or could not be): a body that returned is no success."""
+        """An interrupt was sent (or could not be, or is due before the body starts): a body
+        that returned is no success."""
         self._interrupt_missed = False
         self._body_ended = False
 
@@ -363,9 +364,10 @@ class RunGuard:
             policy = "interrupt"  # only a prefork child can be replaced
         with self._state:
             ended, body = self._body_ended, self._body  # (no body once it ended)
-            if policy == "interrupt" and body is not None and not self.interrupt_due:
-                self.interrupt_due = True
-                self._interrupt_missed = not body.interrupt(_Interrupted)
+            if policy == "interrupt" and not ended and not self.interrupt_due:
+                self.interrupt_due = True  # before the body starts: run_body does not start it
+                if body is not None:
+                    self._interrupt_missed = not body.interrupt(_Interrupted)
         worker_logger.error(
             "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
             self.label,
@@ -392,6 +394,12 @@ class RunGuard:
         """``run(*args, **kwargs)`` in this thread, as the target of an interrupt."""
         body = current_body()
         with self._state:
+            if self.interrupt_due:
+                raise LockLost(
+                    f"{self.label} lost its lock {self.key!r} (fence {lock.fence}) between "
+                    f"its grant and its body, so the body was not started "
+                    f"(on_lock_lost={self.policy!r})"
+                )
             self._body = body
         try:
             try:

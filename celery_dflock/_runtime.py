@@ -290,17 +290,20 @@ class HeldRecords:
                     found.append((path, entry))
         return found
 
-    def forget(self, path: Path, entry: dict[str, Any]) -> None:
-        """Drop ``entry`` from ``path`` (main process, once the child that wrote it is gone)."""
+    def forget(self, path: Path, entry: dict[str, Any]) -> bool:
+        """Drop ``entry`` from ``path`` (main process, once the child that wrote it is gone);
+        False when it was gone already (another clean-up took it)."""
         with self._edits:
-            rest = [e for e in self._read(path) if e != entry]
+            found = self._read(path)
+            rest = [e for e in found if e != entry]
             with contextlib.suppress(OSError):
                 if not rest:
                     path.unlink()
-                    return
-                tmp = path.with_suffix(_PARTIAL_SUFFIX)
-                tmp.write_bytes(json.dumps(rest).encode())
-                tmp.replace(path)
+                else:
+                    tmp = path.with_suffix(_PARTIAL_SUFFIX)
+                    tmp.write_bytes(json.dumps(rest).encode())
+                    tmp.replace(path)
+            return len(rest) < len(found)
 
     def remove_all(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -321,6 +321,7 @@ class _Hooks:
             pid, key, token = entry.get("pid", 0), entry.get("key"), entry.get("token")
             if not (type(pid) is int and isinstance(key, str) and isinstance(token, str)):
                 logger.warning("dflock: dropped a damaged held-lock record in %s: %r", path, entry)
+                records.forget(path, entry)
             elif pid and not pid_gone(pid, wait_s):
                 logger.info(
                     "dflock: pool child %s still runs task %s; it releases %r itself",
@@ -328,11 +329,9 @@ class _Hooks:
                     task_id,
                     key,
                 )
-                continue
-            else:
+            elif records.forget(path, entry):  # taken here: no other clean-up releases it too
                 whose = f"left by dead pool child {pid}"
                 self._release(key, token, entry.get("limit"), whose, "its lease will expire")
-            records.forget(path, entry)
 
 
 def request_failed(task: Any, task_id: object, exc: object) -> None:

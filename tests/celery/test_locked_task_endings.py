@@ -21,6 +21,7 @@ from celery_dflock.client import DistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.proxy import FaultProxy
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.workers import (
     EventLog,
@@ -275,6 +276,35 @@ def test_main_process_releases_what_a_killed_child_held_under_an_int_task_id(
         os.kill(body["pid"], signal.SIGKILL)
         assert rig.worker.wait_output(f"left by dead pool child {body['pid']}")
         assert next_acquire_succeeds(rig, name)
+
+
+def test_a_killed_childs_lock_is_released_once(tmp_path: Path) -> None:
+    """A lost pool child whose message Celery does not requeue: both `LockedRequest` and the
+    ``task_failure`` hook released what it held, so with the lock server not answering the
+    worker warned twice that it could not release the key."""
+    queue = f"dflock-end-{uuid.uuid4().hex[:8]}"
+    config = Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)
+    with (
+        ServerThread(config) as server,
+        FaultProxy(server.address).start() as proxy,
+        open_rig(
+            tmp_path, "apps.tasks", filesystem_settings(tmp_path, queue), server=proxy.address
+        ) as rig,
+    ):
+        worker = rig.start_worker(
+            pool="prefork", concurrency=1, settings={"dflock_connect_timeout": 2}
+        )
+        name = unique("once")
+        result = rig.send("end_block", name)
+        body = rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+        proxy.stall(120)  # the server stops answering: each release waits out its timeout
+        os.kill(body["pid"], signal.SIGKILL)
+        result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+        assert result.state == "FAILURE"
+        warning = f"could not release 'end:{name}' left by dead pool child {body['pid']}"
+        assert worker.wait_output(warning, EVENT_TIMEOUT_S)
+        worker.stop()  # its output complete
+        assert worker.output().count(warning) == 1, worker.output()[-3000:]
 
 
 def test_hard_time_limit_releases_without_auto_release(rig_no_autorelease: Rig) -> None:

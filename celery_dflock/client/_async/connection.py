@@ -250,6 +250,15 @@ class AsyncConnection:
             self.close(abort=True)  # some close it after `error`: never reuse it
         return info
 
+    async def learn_grace(self) -> None:
+        """After an acquire timed out: a server without client sessions tells a restart's
+        grace only in ``hello`` (no join answers on it), so ``hello`` is asked again; a
+        failure leaves what was known."""
+        server = self.server
+        if server is not None and not server.legacy and not server.keeps_sessions:
+            with contextlib.suppress(DflockError):
+                self.server = await self.hello()
+
     async def _hello(self, data: bytes) -> tuple[Reply, float]:
         """Send a ``hello`` request within ``connect_timeout_s``: its reply and send time."""
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)

@@ -22,7 +22,7 @@ from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build, refresh_map, request_once
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState, redact
-from celery_dflock.client._replies import Asked, Ok, Renewed, Reply
+from celery_dflock.client._replies import Asked, Ok, Renewed, Reply, TimedOut
 from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client._servers import Hold
@@ -260,6 +260,8 @@ class AsyncLockBase:
                 if step.reroute:
                     core.routing.route()
                 continue
+            if isinstance(reply, TimedOut):
+                await conn.learn_grace()
             try:
                 granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
             except ServerDraining as exc:
