@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 from celery_dflock._celery import get_logger, get_task_logger
 from celery_dflock._outage import server_state
@@ -215,9 +216,14 @@ def publish_hold(
             f"stores it with key {key!r} (at most {NOTE_MAX_BYTES} bytes once "
             f"percent-encoded); send the task with a shorter task_id"
         )
-    lease = _pending_lease(options, countdown, eta)
+    leases = _pending_leases(options, countdown, eta)
+    lease = leases[-1]  # the shortest, named when even that is refused
+
+    def take(ttl: int) -> Hold:
+        return runtime.client(config).hold(key, note=note, lease_ttl=ttl, detached=False)
+
     try:
-        hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
+        hold, lease = _longest_granted(leases, take)
     except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
         what = (
             f"task {name}: the lock server {server_state(exc)} ({exc}), so key {key!r} "
@@ -342,9 +348,11 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    lease = _pending_lease(options, countdown, eta)
+    leases = _pending_leases(options, countdown, eta)
+    lease = leases[-1]
     try:
-        if lock.hand_off(lease):
+        handed, lease = _longest_granted(leases, lock.hand_off)
+        if handed:
             return held
     except InvalidValueError:  # above the server's longest lease: refused before it let go
         lock.release()
@@ -365,9 +373,15 @@ def retry_hand_off(
     return None
 
 
-def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
-    """The lease of a hold whose message is sent with ``countdown`` or ``eta``: at least
-    until the message is due (at its countdown when both are given, as Celery sends it)."""
+_Asked = TypeVar("_Asked")
+
+
+def _pending_leases(options: LockOptions, countdown: object, eta: object) -> tuple[int, ...]:
+    """The leases to ask for the hold of a message sent with ``countdown`` or ``eta``, longest
+    first: ``lock_pending_ttl`` from when it is due (a due message may wait in the queue as
+    any other), then, for a server whose ``--max-lease-ttl`` is shorter, until it is due or
+    ``lock_pending_ttl``, whichever is later. Celery sends it due at its countdown when both
+    are given."""
     if isinstance(eta, str):
         try:
             eta = datetime.fromisoformat(eta)
@@ -379,7 +393,20 @@ def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
     elif isinstance(eta, datetime):
         tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
         delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
-    return max(options.pending_ttl, math.ceil(delay_s))
+    delay = max(0, math.ceil(delay_s))
+    pending = options.pending_ttl
+    return (delay + pending, max(pending, delay)) if delay else (pending,)
+
+
+def _longest_granted(leases: tuple[int, ...], ask: Callable[[int], _Asked]) -> tuple[_Asked, int]:
+    """``ask(lease)`` with the first of ``leases`` the server's ``--max-lease-ttl`` allows (a
+    longer one is refused before anything is sent), and that lease; the last one's refusal
+    is raised."""
+    *longer, last = leases
+    for lease in longer:
+        with suppress(InvalidValueError):
+            return ask(lease), lease
+    return ask(last), last
 
 
 # --------------------------------------------------------------------------------------- a follower

@@ -403,7 +403,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         DEFAULT_MAX_LEASE_TTL_S,
         check_lease,
         'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
-        "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
+        "from the send, or from when a delayed message (`countdown`/`eta`) is due; a message no "
         "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
         "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
     ),

@@ -352,6 +352,27 @@ def test_a_countdown_wins_over_an_eta_for_the_holds_lease(rig: Rig) -> None:
     assert not rig.key_free(f"once:{name}", wait_s=0)
 
 
+def test_a_delayed_message_once_due_keeps_its_hold_for_lock_pending_ttl(rig: Rig) -> None:
+    """A message sent with a ``countdown`` waits in the queue once due, as any message does:
+    its hold lasted until it was due or ``lock_pending_ttl``, whichever was later, so a
+    message due at 8 s with ``lock_pending_ttl=8`` lost its hold the moment it was due, and a
+    duplicate was queued behind it while it waited for a worker (measured: 2 s after it was
+    due, on a worker with its one slot busy)."""
+    parked = unique("dflock-nobody")
+    name = unique("due")
+    sent = rig.tasks["plain"].apply_async(
+        (name,),
+        queue=parked,
+        lock_from="publish",
+        lock_pending_ttl=PER_CALL_PENDING_TTL_S,
+        countdown=PER_CALL_PENDING_TTL_S,
+    )
+    time.sleep(PER_CALL_PENDING_TTL_S + 3)  # due 3 s ago, waiting well within its pending ttl
+    again = rig.tasks["plain"].apply_async((name,), queue=parked, lock_from="publish")
+    assert again.id == sent.id, "a duplicate was queued while the delayed message waited"
+    assert messages(rig, parked) == 1
+
+
 def test_retry_keeps_the_hold(rig: Rig) -> None:
     """A run that retries hands its hold to the retry: during the countdown a duplicate still
     gets its id, and the retried run holds the same grant."""
