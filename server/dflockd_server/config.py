@@ -45,6 +45,15 @@ def check_pairs(
             raise ConfigError(f"{names(one)} and {names(other)} must be given together")
 
 
+def check_user(user: str | None, *, has_password: bool) -> None:
+    """Refuse etcd's user without its password (given either way), or the password alone."""
+    if (user is None) == has_password:
+        raise ConfigError(
+            f"{names('cluster_user')} and {names('cluster_password_file')} (or "
+            f"{names('cluster_password')}) go together"
+        )
+
+
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
     ``name`` when it cannot be read or is empty)."""
@@ -178,15 +187,8 @@ class Config:
                     f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
                 )
         check_pairs(partial(getattr, self), *_ETCD_PAIRS)
-        has_password = self.cluster_password is not None or self.cluster_password_file is not None
-        if self.cluster_user is not None and not has_password:
-            raise ConfigError(
-                f"{names('cluster_user')} needs a password: give {names('cluster_password_file')}"
-            )
-        if self.cluster_user is None and has_password:
-            raise ConfigError(
-                f"an etcd password is given but no {names('cluster_user')}: name the etcd user too"
-            )
+        passwords = (self.cluster_password, self.cluster_password_file)
+        check_user(self.cluster_user, has_password=passwords != (None, None))
 
     @property
     def locks_per_ip(self) -> int:
