@@ -54,6 +54,11 @@ def check_user(user: str | None, *, has_password: bool) -> None:
         )
 
 
+def needs_cluster(field: str) -> ConfigError:
+    """The error of the setting ``field`` given without ``--cluster``, where it has no use."""
+    return ConfigError(f"{names(field)} is only used with {_CLUSTER}: give it too, or drop it")
+
+
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
     ``name`` when it cannot be read or is empty)."""
@@ -175,9 +180,7 @@ class Config:
         given = [f for f in ETCD_ACCESS if getattr(self, f) is not None]
         if self.cluster is None:
             if given:
-                raise ConfigError(
-                    f"{names(given[0])} is only used with {_CLUSTER}: give it too, or drop it"
-                )
+                raise needs_cluster(given[0])
             return
         tls = self.cluster.startswith(f"{c.CLUSTER_TLS_SCHEME}://")
         for name in ("cluster_ca_file", "cluster_cert", "cluster_key"):
