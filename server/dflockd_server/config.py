@@ -54,9 +54,9 @@ def check_user(user: str | None, *, has_password: bool) -> None:
         )
 
 
-def needs_cluster(field: str) -> ConfigError:
-    """The error of the setting ``field`` given without ``--cluster``, where it has no use."""
-    return ConfigError(f"{names(field)} is only used with {_CLUSTER}: give it too, or drop it")
+def only_with(field: str, needed: str, *, give: str = "it") -> ConfigError:
+    """The error of the setting ``field`` given without ``needed``, where it has no use."""
+    return ConfigError(f"{names(field)} is only used with {needed}: give {give} too, or drop it")
 
 
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
@@ -138,10 +138,7 @@ class Config:
                 "the second"
             )
         if self.metrics_host is not None and self.metrics_port is None:
-            raise ConfigError(
-                f"{names('metrics_host')} is only used with {names('metrics_port')}: give it "
-                "too (the metrics endpoint is off without it), or drop it"
-            )
+            raise only_with("metrics_host", names("metrics_port"))
         self._check_membership()
 
     def _check_membership(self) -> None:
@@ -170,17 +167,14 @@ class Config:
                     "members reach this server at"
                 )
         elif advertise is not None:
-            raise ConfigError(
-                f"{_ADVERTISE} is only used with {_MEMBERS} or {_CLUSTER}: give one of them "
-                "too, or drop it"
-            )
+            raise only_with("advertise", f"{_MEMBERS} or {_CLUSTER}", give="one of them")
         self._check_etcd_access()
 
     def _check_etcd_access(self) -> None:
         given = [f for f in ETCD_ACCESS if getattr(self, f) is not None]
         if self.cluster is None:
             if given:
-                raise needs_cluster(given[0])
+                raise only_with(given[0], _CLUSTER)
             return
         tls = self.cluster.startswith(f"{c.CLUSTER_TLS_SCHEME}://")
         for name in ("cluster_ca_file", "cluster_cert", "cluster_key"):
