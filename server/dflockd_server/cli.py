@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from dflockd_server import __version__, buildinfo
-from dflockd_server.config import Config, ConfigError
+from dflockd_server.config import Config, ConfigError, only_with
 from dflockd_server.constants import (
     CLUSTER_COMMAND_HELP,
     FD_HEADROOM,
@@ -172,10 +172,7 @@ def _check_given(given: Mapping[str, Any], config: Config, environ: Mapping[str,
             "--journal-fsync"
         )
     if "cluster_lease_ttl_s" in given and config.cluster is None:
-        raise UsageError(
-            f"{names('cluster_lease_ttl_s')} is only used with {names('cluster')}: give it "
-            "too, or drop it"
-        )
+        raise only_with("cluster_lease_ttl_s", names("cluster"))
 
 
 def _check_files(config: Config) -> None:

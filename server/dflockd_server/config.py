@@ -45,6 +45,20 @@ def check_pairs(
             raise ConfigError(f"{names(one)} and {names(other)} must be given together")
 
 
+def check_user(user: str | None, *, has_password: bool) -> None:
+    """Refuse etcd's user without its password (given either way), or the password alone."""
+    if (user is None) == has_password:
+        raise ConfigError(
+            f"{names('cluster_user')} and {names('cluster_password_file')} (or "
+            f"{names('cluster_password')}) go together"
+        )
+
+
+def only_with(field: str, needed: str, *, give: str = "it") -> ConfigError:
+    """The error of the setting ``field`` given without ``needed``, where it has no use."""
+    return ConfigError(f"{names(field)} is only used with {needed}: give {give} too, or drop it")
+
+
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
     ``name`` when it cannot be read or is empty)."""
@@ -124,10 +138,7 @@ class Config:
                 "the second"
             )
         if self.metrics_host is not None and self.metrics_port is None:
-            raise ConfigError(
-                f"{names('metrics_host')} is only used with {names('metrics_port')}: give it "
-                "too (the metrics endpoint is off without it), or drop it"
-            )
+            raise only_with("metrics_host", names("metrics_port"))
         self._check_membership()
 
     def _check_membership(self) -> None:
@@ -156,19 +167,14 @@ class Config:
                     "members reach this server at"
                 )
         elif advertise is not None:
-            raise ConfigError(
-                f"{_ADVERTISE} is only used with {_MEMBERS} or {_CLUSTER}: give one of them "
-                "too, or drop it"
-            )
+            raise only_with("advertise", f"{_MEMBERS} or {_CLUSTER}", give="one of them")
         self._check_etcd_access()
 
     def _check_etcd_access(self) -> None:
         given = [f for f in ETCD_ACCESS if getattr(self, f) is not None]
         if self.cluster is None:
             if given:
-                raise ConfigError(
-                    f"{names(given[0])} is only used with {_CLUSTER}: give it too, or drop it"
-                )
+                raise only_with(given[0], _CLUSTER)
             return
         tls = self.cluster.startswith(f"{c.CLUSTER_TLS_SCHEME}://")
         for name in ("cluster_ca_file", "cluster_cert", "cluster_key"):
@@ -178,15 +184,8 @@ class Config:
                     f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
                 )
         check_pairs(partial(getattr, self), *_ETCD_PAIRS)
-        has_password = self.cluster_password is not None or self.cluster_password_file is not None
-        if self.cluster_user is not None and not has_password:
-            raise ConfigError(
-                f"{names('cluster_user')} needs a password: give {names('cluster_password_file')}"
-            )
-        if self.cluster_user is None and has_password:
-            raise ConfigError(
-                f"an etcd password is given but no {names('cluster_user')}: name the etcd user too"
-            )
+        passwords = (self.cluster_password, self.cluster_password_file)
+        check_user(self.cluster_user, has_password=passwords != (None, None))
 
     @property
     def locks_per_ip(self) -> int:

@@ -40,6 +40,8 @@ log = logging.getLogger("dflockd_server")
 
 _AUTH: Final = c.CMD_AUTH.encode()
 _LOCK: Final = c.CMD_LOCK.encode()
+_HOLD: Final = c.CMD_HOLD.encode()
+_TAKE: Final = c.CMD_TAKE.encode()
 _ENQUEUE: Final = c.CMD_ENQUEUE.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
 _WHILE_DRAINING: Final = frozenset(
@@ -225,7 +227,7 @@ class Session:
         return {
             command.encode(): route
             for commands, route in (
-                ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
+                ((c.CMD_LOCK, c.CMD_SEM_LOCK, c.CMD_HOLD), Session._acquire),
                 ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
                 ((c.CMD_RENEW, c.CMD_SEM_RENEW), Session._renew),
                 ((c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE), Session._enqueue),
@@ -235,10 +237,8 @@ class Session:
                 ((c.CMD_STATS,), Session._stats),
                 ((c.CMD_AUTH,), Session._auth),
                 ((c.CMD_SHARDS,), Session._shards),
-                ((c.CMD_HOLD,), Session._hold),
                 ((c.CMD_NOTE,), Session._note),
-                ((c.CMD_TAKE,), Session._take),
-                ((c.CMD_HAND_DOWN,), Session._hand_down),
+                ((c.CMD_TAKE, c.CMD_HAND_DOWN), Session._rebind),
                 ((c.CMD_ASKING,), Session._asking),
                 ((c.CMD_FORCE_RELEASE,), Session._force_release),
             )
@@ -246,9 +246,15 @@ class Session:
         }
 
     def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``l``, ``sl``; ``hl``: a lock acquire with an owner note, bound to the connection or
+        detached."""
         limit: int | None = None
+        note: str | None = None
+        detached = False
         if cmd == _LOCK:
             name, timeout, lease = p.parse_lock(key, arg)
+        elif cmd == _HOLD:
+            name, timeout, lease, detached, note = p.parse_hold(key, arg)
         else:
             name, timeout, limit, lease = p.parse_sem_lock(key, arg)
         if lease is not None and lease > self.max_lease:
@@ -265,40 +271,13 @@ class Session:
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
-        try:
-            got = table.acquire(self.client, name, ttl, limit, queue=timeout > 0 and not self.eof)
-        except _REFUSALS as exc:
-            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
-        if got is None:
-            return p.REPLY_TIMEOUT
-        if type(got) is Holder:
-            return p.reply_granted(got.token, got.lease_ttl)
-        assert isinstance(got, Waiter)
-        return self._later(Wait(got, timeout))
-
-    def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
-        name, timeout, lease, detached, note = p.parse_hold(key, arg)
-        if lease > self.max_lease:
-            return self._too_long(lease)
-        if self.host.key_check is not None and (refused := self._check(name)) is not None:
-            return refused
-        if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
-            return p.REPLY_ERROR_MAX_LOCKS
-        table = self.table
-        journal = self.grants.journal
-        if journal is not None and not journal.writable:
-            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
-        if lease > self.grants.lease_noted and self.grants.note_lease is not None:
-            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
-        table.grants.asking = self.asking
         queue = timeout > 0 and not self.eof
         try:
-            got = table.acquire(self.client, name, lease, None, note, detached, queue=queue)
+            got = table.acquire(self.client, name, ttl, limit, note, detached, queue=queue)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
-            return p.reply_held_by(table.holder_note(name))
+            return p.REPLY_TIMEOUT if note is None else p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
             return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
@@ -310,10 +289,15 @@ class Session:
             return p.REPLY_ERROR_READ_ONLY
         return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
 
-    def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``ht``: take a detached grant over. As ``n``: no ownership check, answered while
-        draining."""
-        name, token, lease, on_close, note = p.parse_take(key, arg)
+    def _rebind(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``ht``: take a detached grant over; ``hd``: detach a grant from its connection. As
+        ``n``: no ownership check, answered while draining."""
+        on_close: int | None = None
+        note = ""
+        if cmd == _TAKE:
+            name, token, lease, on_close, note = p.parse_take(key, arg)
+        else:
+            name, token, lease = p.parse_hand_down(key, arg)
         longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
         if longest > self.max_lease:
             return self._too_long(longest)
@@ -324,29 +308,14 @@ class Session:
         if longest > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
+            if cmd != _TAKE:
+                return p.REPLY_OK if self.table.hand_down(name, token, lease) else p.REPLY_ERROR
             taken = self.table.take(self.client, name, token, lease, note=note, on_close=on_close)
         except Bound as exc:
             return p.reply_bound(exc.note)
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_ERROR if taken is None else p.reply_number(taken.lease_ttl)
-
-    def _hand_down(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hd``: detach a grant from its connection. As ``n``."""
-        name, token, lease = p.parse_hand_down(key, arg)
-        if lease > self.max_lease:
-            return self._too_long(lease)
-        if not self.host.may_hold(name):
-            return p.REPLY_ERROR
-        if self._unwritable():
-            return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
-        if lease > self.grants.lease_noted and self.grants.note_lease is not None:
-            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
-        try:
-            done = self.table.hand_down(name, token, lease)
-        except _REFUSALS as exc:
-            return _refusal(exc)
-        return p.REPLY_OK if done else p.REPLY_ERROR
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         name, token = p.parse_release(cmd, key, arg)

@@ -18,7 +18,7 @@ from dflockd_server.cluster.etcd import EtcdClient, EtcdError, EtcdTransport, tl
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
-from dflockd_server.config import ETCD_PASSWORDS, check_pairs, read_secret
+from dflockd_server.config import ETCD_PASSWORDS, check_pairs, check_user, read_secret
 from dflockd_server.constants import CLUSTER_COMMAND_HELP
 from dflockd_server.settings import BY_FIELD, ETCD_ACCESS, names
 from dflockd_server.values import split_cluster_url
@@ -190,11 +190,7 @@ def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
     if path is not None:
         password = read_secret(path, names("cluster_password_file"), lambda s: s.rstrip("\r\n"))
     user = given["cluster_user"]
-    if (user is None) != (password is None):
-        raise ValueError(
-            f"{names('cluster_user')} and {names('cluster_password_file')} (or "
-            f"{names('cluster_password')}) go together"
-        )
+    check_user(user, has_password=password is not None)
     return EtcdAccess(
         given["cluster_ca_file"], given["cluster_cert"], given["cluster_key"], user, password
     )
