@@ -39,6 +39,7 @@ from dflockd_server.loops import loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
+from dflockd_server.settings import names
 from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
 from dflockd_server.status_page import StatusPage
@@ -265,28 +266,27 @@ class Server:
             try:
                 await loop.run_in_executor(None, node.start)
             except DuplicateMember as exc:
-                raise ConfigError(f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: {exc}") from exc
+                raise ConfigError(f"{names('cluster')} {cfg.cluster}: {exc}") from exc
             except (EtcdError, FenceStateError) as exc:
                 refused = exc if isinstance(exc, EtcdAuthError) else exc.__cause__
                 if isinstance(refused, EtcdAuthError):
                     user = cfg.cluster_user
                     raise ConfigError(
-                        f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: etcd refused "
+                        f"{names('cluster')} {cfg.cluster}: etcd refused "
                         + (f"the user {user!r}" if user else "a request without a user")
-                        + f" ({refused}); check --cluster-user (DFLOCKD_CLUSTER_USER) and "
-                        "--cluster-password-file (DFLOCKD_CLUSTER_PASSWORD_FILE)"
+                        + f" ({refused}); check {names('cluster_user')} and "
+                        + names("cluster_password_file")
                     ) from exc
                 hint = "check that etcd runs there and that the URL is right"
                 if "CERTIFICATE_VERIFY_FAILED" in str(exc):
                     hint = (
                         "etcd's certificate is not trusted: give the CA that signs it with "
-                        "--cluster-ca-file (DFLOCKD_CLUSTER_CA_FILE)"
+                        + names("cluster_ca_file")
                     )
                 elif "WRONG_VERSION_NUMBER" in str(exc) or "RemoteDisconnected" in str(exc):
                     hint += " (etcds:// speaks TLS to etcd, etcd:// plain HTTP: which does it?)"
                 raise ConfigError(
-                    f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: cannot join the cluster "
-                    f"({exc}); {hint}"
+                    f"{names('cluster')} {cfg.cluster}: cannot join the cluster ({exc}); {hint}"
                 ) from exc
             self.node = node
             self.fence = fence = node.fence
