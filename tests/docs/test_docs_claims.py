@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 from tests.docs.docs_blocks import DOCS, README
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire, stats
 
 BUILDS = {"pure": "pure Python", "compiled": "compiled"}
@@ -55,3 +57,27 @@ def test_hello_answers_as_the_protocol_page_shows_and_a_journal_adds_the_feature
     assert added == ["durable", "read_only"]
     assert "lists two more features: `durable`" in _flat(page)
     assert "and `read_only`" in _flat(page)
+
+
+def test_server_thread_stop_is_what_the_testing_page_says() -> None:
+    # A drain would wait up to this for the release that never comes (and stop() give up).
+    config = Config(host="127.0.0.1", port=0, shutdown_timeout_s=600.0)
+    killed = ServerThread(config).start()
+    with Wire(killed.address) as holder:
+        holder.lock("held:through-stop", lease=60)
+        killed.stop()  # returns with the lock still held: every connection closed at once
+        killed.stop()  # idempotent
+        assert holder.closed_by_server()
+    drained = ServerThread(config).start()
+    with Wire(drained.address) as holder:
+        token = holder.lock("held:through-drain", lease=60)
+        stopping = threading.Thread(target=drained.stop, kwargs={"drain": True})
+        stopping.start()
+        wait_until(lambda: drained.server.draining, what="the drain started")
+        assert holder.req("n", "held:through-drain", token).startswith("ok ")  # still served
+        assert holder.req("r", "held:through-drain", token) == "ok"
+        stopping.join(30)
+        assert not stopping.is_alive()
+    page = _flat((DOCS / "testing.md").read_text())
+    assert "`stop()` closes every connection at once, as a killed server goes" in page
+    assert "`stop(drain=True)` stops as SIGTERM does, a graceful drain" in page
