@@ -9,7 +9,8 @@ held locks are recorded.
 The held-lock records (`HeldRecords`): each prefork pool child keeps one file (`HeldWriter`)
 listing the locks it holds now, so the worker's main process can release them as soon as the
 child dies under a task (hard time limit, revoke with terminate, SIGKILL), rather than when
-the server notices the closed connection (``--session-ttl`` later, or at the lease's end).
+the server ends the dead child's client session (``dflock_session_ttl`` later, or at the lease's
+end).
 """
 
 from __future__ import annotations

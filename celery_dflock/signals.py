@@ -14,11 +14,13 @@ when it is bound to an app, so an app using ``LockedTask`` needs nothing
 more; an app that locks tasks only through ``dflock_task_locks`` calls
 ``celery_dflock.signals.install(app)`` once. The hooks:
 
-* ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``; clean up the
-  held-lock records of workers that died without doing so.
-* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task, a broker's
+* ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``.
+* ``worker_ready`` (once the worker logs): clean up the held-lock records of workers that died
+  without doing so; warn about ``dflock_task_locks`` entries that name no task, a broker's
   ``visibility_timeout`` (Redis, SQS) not above a retry's countdown, lock servers the worker
   cannot reach, and leases above the longest the servers grant.
+* ``task_received``: count a message sent again for a lock-server outage, and watch the
+  servers until they answer.
 * ``worker_process_init`` / ``worker_process_shutdown`` / ``worker_shutdown``: a fresh
   client in each prefork child; close it.
 * ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``, and

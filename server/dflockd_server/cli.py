@@ -309,7 +309,7 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
     if server.secret is None and not is_loopback(config.host):
         log.warning(
             "bound to non-loopback address %s without auth: anyone who can reach port %d can "
-            "take and release locks (set DFLOCKD_AUTH_TOKEN or --auth-token)",
+            "take and release locks (set --auth-token-file or DFLOCKD_AUTH_TOKEN_FILE)",
             config.host,
             port,
         )

@@ -487,9 +487,11 @@ class Server:
         # last moments before exit.
         table = self.table
         connections = self.admission.connections
+        refused = 0
         for conn in list(connections):
+            refused += conn.waiter is not None
             conn.answer_wait(p.REPLY_ERROR_DRAINING)
-        refused = table.drop_queued()
+        refused += table.drop_queued()
         if timeout_s is None:
             # With a journal (and no cluster to hand keys to), the leases outlive this run:
             # their holders reattach to the next one, so there is nothing to wait for.

@@ -340,6 +340,10 @@ def test_dflockd_warns_on_public_bind_without_auth(dflockd_process: Any) -> None
     proc.wait_listening()
     warning = proc.wait_for("without auth")  # among other start-up warnings (fence state)
     assert "WARNING" in warning
+    # It points at the file, as the warning about --auth-token does: not at the flag that
+    # shows the secret in the process list.
+    assert "--auth-token-file" in warning
+    assert "or --auth-token)" not in warning
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])

@@ -148,6 +148,24 @@ def test_a_drain_lets_holders_release_refuses_waiters_and_exits_when_done(
             wire.close()
 
 
+def test_the_drain_log_counts_every_waiter_it_refuses(dflockd_process: Any) -> None:
+    """The start-of-drain line counts the acquires blocked in a wait as well as the two-phase
+    enqueues: both are refused."""
+    proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
+    address = proc.wait_listening()
+    with Wire(address) as holder, Wire(address) as queuer, Wire(address) as blocked:
+        token = holder.lock("drain:log", lease=60)
+        assert queuer.req("e", "drain:log") == "queued"
+        blocked.send("l", "drain:log", "60")
+        wait_queued(holder, "drain:log", 2)
+        proc.proc.send_signal(signal.SIGTERM)
+        line = proc.wait_for("draining:")
+        assert blocked.recv() == "error_draining"
+        assert holder.req("r", "drain:log", token) == "ok"
+        assert proc.wait_exit(timeout=30) == 0
+    assert "draining: 1 lock(s) held, 2 waiter(s) refused" in line
+
+
 def test_sigint_with_nothing_held_exits_0_at_once(dflockd_process: Any) -> None:
     proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
     address = proc.wait_listening()
