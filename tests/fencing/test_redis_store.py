@@ -129,6 +129,11 @@ def test_a_kept_fence_that_is_no_fence_is_refused_saying_so(
     ):
         fenced_hset(store_redis, key, {"total": 2}, fence=200)
     assert store_redis.hget(key, "total") == b"1"
+    # highest_fence reads it as the scripts do ("junk" raised int()'s bare ValueError, "-5"
+    # and the 24-digit "...300" were taken for fences).
+    said = f"highest_fence: the kept fence read from Redis is {kept.encode()!r}, not a fence of"
+    with pytest.raises(InvalidValueError, match=re.escape(said)):
+        highest_fence(store_redis.hget(key, "dflock_fence"))
 
 
 def test_a_key_of_another_type_is_named(store_redis: redis.Redis, key: str) -> None:
