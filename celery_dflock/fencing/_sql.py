@@ -70,14 +70,24 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
 
 
 @contextmanager
-def column_checked(
-    table: sa.Table, name: str, upsert: FencedUpsert | None = None
-) -> Generator[None]:
-    """Runs the block, turning the database's word that ``table`` has no column ``name`` into
-    `FenceColumnMissing` (and that the key of ``upsert`` is no unique key, into
-    `InvalidValueError`)."""
+def column_checked(fenced: FencedUpdate | FencedUpsert) -> Generator[None]:
+    """Runs the block, turning the database's word that the table has no fence column into
+    `FenceColumnMissing`, and SQLAlchemy's that the values name no column of it (and the
+    database's that an upsert's key is no unique key) into `InvalidValueError`."""
+    table, name = fenced.table, fenced.column.name
+    upsert = fenced if isinstance(fenced, FencedUpsert) else None
     try:
         yield
+    except CompileError as error:
+        unknown = str(error).partition("Unconsumed column names: ")[2]
+        if not unknown:
+            raise
+        doing = "upsert into" if upsert else "update of"
+        raise InvalidValueError(
+            f"fenced {doing} {fenced.label()}: values name {unknown}, which is no column of "
+            f"table {table.fullname!r} (its columns: {', '.join(table.c.keys())}); name "
+            "the table's columns (or the mapped class's attributes)"
+        ) from None
     except DBAPIError as error:
         said = str(error.orig)
         if upsert is not None and (refused := key_not_unique(upsert.label(), upsert.key, said)):
@@ -208,7 +218,11 @@ class FencedUpsert:
             )
         unknown = sorted(set(keyed) - set(target.c.keys()))
         if unknown:
-            raise ValueError(f"fenced upsert into {label()}: no column {', '.join(unknown)}")
+            raise ValueError(
+                f"fenced upsert into {label()}: key names {', '.join(unknown)}, which is no "
+                f"column of table {target.fullname!r} (its columns: {', '.join(target.c.keys())})"
+                "; name the columns of its primary key or of a unique key"
+            )
         return cls(target, column, keyed, checked, label)
 
     def statement(

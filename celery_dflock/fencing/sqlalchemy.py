@@ -130,7 +130,7 @@ def fenced_update(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=True)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
-    with column_checked(fenced.table, fenced.column.name):
+    with column_checked(fenced):
         result = connection.execute(fenced.update(table, values))
         if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
@@ -166,7 +166,7 @@ def fenced_upsert(
         connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
     )
     statement = fenced.statement(dialect, values, update)
-    with column_checked(fenced.table, fenced.column.name, fenced):
+    with column_checked(fenced):
         result = connection.execute(statement)
         if dialect.name not in MYSQL and result.scalar() is not None:
             return
