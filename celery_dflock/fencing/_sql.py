@@ -14,7 +14,7 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.exc import CompileError, DBAPIError
+from sqlalchemy.exc import ArgumentError, CompileError, DBAPIError
 
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.errors import FenceColumnMissing
@@ -39,9 +39,15 @@ MYSQL: Final = frozenset({"mysql", "mariadb"})
 """The dialects whose upsert is ``ON DUPLICATE KEY UPDATE`` (it returns no fence)."""
 
 
-def table_of(table: sa.Table | type[Any]) -> sa.Table:
-    """A Core ``Table`` as it is; an ORM mapped class's table."""
-    return cast("sa.Table", sa.update(table).table)
+def table_of(table: sa.Table | type[Any], helper: str) -> sa.Table:
+    """A Core ``Table`` as it is; an ORM mapped class's table; else `TypeError` for ``helper``."""
+    try:
+        return cast("sa.Table", sa.update(table).table)
+    except ArgumentError:
+        kind = type(cast("object", table)).__name__
+        raise TypeError(
+            f"{helper} takes a Table or an ORM mapped class, not {kind} {table!r}"
+        ) from None
 
 
 def adding_lines(table: sa.Table, name: str) -> str:
@@ -159,7 +165,7 @@ class FencedUpdate:
         fence: int | None,
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpdate:
-        target = table_of(table)
+        target = table_of(table, "fenced_update")
         if isinstance(where, bool | None):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidValueError(
                 f"fenced_update of {target.fullname}: where is {where}, not a condition on the "
@@ -202,7 +208,7 @@ class FencedUpsert:
         fence: int | None,
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpsert:
-        target = table_of(table)
+        target = table_of(table, "fenced_upsert")
         keyed = dict(key)
 
         def label() -> str:
