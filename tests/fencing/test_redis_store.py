@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -150,3 +151,19 @@ def test_a_key_of_another_type_is_named(store_redis: redis.Redis, key: str) -> N
     with pytest.raises(InvalidValueError, match=re.escape(said)):
         fenced_set(store_redis, key, "value", fence=5)
     assert store_redis.get(key) is None
+
+
+def test_a_value_redis_cannot_store_is_named_with_its_key(
+    store_redis: redis.Redis, key: str
+) -> None:
+    """None, a dict or a bool raised redis-py's ``DataError: Invalid input of type:
+    'NoneType'``, naming no key or field."""
+    bad: list[Any] = [None, {"a": 1}, True]
+    for value in bad:
+        said = f"fenced write to Redis key {key!r}: the value is {type(value).__name__} {value!r}"
+        with pytest.raises(InvalidValueError, match=re.escape(said)):
+            fenced_set(store_redis, key, value, fence=5)
+        said = f"fenced write to Redis hash {key!r}: the field 'total' is {type(value).__name__}"
+        with pytest.raises(InvalidValueError, match=re.escape(said)):
+            fenced_hset(store_redis, key, {"total": value}, fence=5)
+    assert store_redis.exists(key, fence_key_of(key)) == 0
