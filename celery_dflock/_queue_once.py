@@ -212,9 +212,9 @@ def publish_hold(
     note = encode_note(task_id, name=name)
     if note is None:
         raise InvalidValueError(
-            f"task {name}: task_id {task_id!r} is too long for lock_from='publish', which "
-            f"stores it with key {key!r} (at most {NOTE_MAX_BYTES} bytes once "
-            f"percent-encoded); send the task with a shorter task_id"
+            f"task {name}: task_id {task_id!r} is too long for lock_from='publish', whose "
+            f"hold of key {key!r} names it in its owner note: at most {NOTE_MAX_BYTES - 1} "
+            f"characters once percent-encoded; send the task with a shorter task_id"
         )
     leases = _pending_leases(options, countdown, eta)
     lease = leases[-1]  # the shortest, named when even that is refused

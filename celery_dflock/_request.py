@@ -201,12 +201,12 @@ def encode_note(
     task_id: str | None, host: str | None = None, *, pid: int | None = None, name: str | None = None
 ) -> str | None:
     """The owner note; a part not given is left empty (``<id>///<name>``). A note too long
-    loses its last parts; None when the task id alone is too long (or there is none)."""
+    loses its last parts, keeping a ``/`` after the id (``<id>/``: still a task's note); None
+    when that is too long (or there is no task id)."""
     if not task_id:
         return None
-    note, gap = _quoted(task_id), ""
-    if len(note) > NOTE_MAX_BYTES:
-        return None
+    quoted = _quoted(task_id)
+    note, gap = quoted, ""
     for part in (host, None if pid is None else str(pid), name):
         if not part:
             gap += "/"
@@ -215,7 +215,9 @@ def encode_note(
         if len(longer) > NOTE_MAX_BYTES:
             break
         note, gap = longer, ""
-    return note
+    if note == quoted and (host or pid is not None or name):
+        note += "/"
+    return note if len(note) <= NOTE_MAX_BYTES else None
 
 
 _PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")
@@ -248,11 +250,11 @@ def note_parts(note: str | None) -> HolderNote:
 
 
 def decode_note(note: str | None) -> tuple[str | None, str | None]:
-    """(task id, host or None) from an owner note; (None, None) for no note or one that names
-    neither a host nor a task name (not a task's: a lock taken outside Celery), unless it is a
-    UUID alone (an older celery-dflock's publish-time hold)."""
+    """(task id, host or None) from an owner note; (None, None) for no note or one without a
+    ``/`` (not a task's: a lock taken outside Celery), unless it is a UUID alone (an older
+    celery-dflock's publish-time hold)."""
     parts = note_parts(note)
-    if parts.host is None and parts.task_name is None and not _is_uuid(parts.task_id):
+    if (note is None or "/" not in note) and not _is_uuid(parts.task_id):
         return None, None
     return parts.task_id, parts.host
 

@@ -271,6 +271,31 @@ class HeldRecords:
                 found.append(cls(path))
         return found
 
+    @classmethod
+    def left_by_earlier_versions(cls) -> list[HeldRecords]:
+        """Records directories named as before they named their servers
+        (``celery-dflock-<uid>-<pid>``) whose worker and every pool child that wrote a file in
+        them are gone: nothing reads them, and their servers cannot be known (what they
+        record ends with its sessions), so they are only to be removed."""
+        prefix = f"celery-dflock-{os.getuid()}-"
+        found: list[HeldRecords] = []
+        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+            owner = path.name.removeprefix(prefix)
+            if not owner.isdigit() or not pid_gone(int(owner), 0):
+                continue
+            try:
+                info = path.lstat()
+                writers = [name.partition(".")[0] for name in os.listdir(path)]
+            except OSError:
+                continue
+            if (
+                stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.getuid()
+                and all(pid.isdigit() and pid_gone(int(pid), 0) for pid in writers)
+            ):
+                found.append(cls(path))
+        return found
+
     @staticmethod
     def _read(path: Path) -> list[dict[str, Any]]:
         try:

@@ -300,6 +300,14 @@ class _Hooks:
             if not records.entries():
                 records.remove_all()
                 logger.info("dflock: removed %s, left by a worker that is gone", records.directory)
+        if earlier := HeldRecords.left_by_earlier_versions():
+            for records in earlier:
+                records.remove_all()
+            logger.info(
+                "dflock: removed %s: held-lock records left by gone workers of an earlier "
+                "version (their servers unknown: nothing in them released)",
+                ", ".join(str(records.directory) for records in earlier),
+            )
 
     def _servers(self) -> tuple[tuple[str, int], ...]:
         return get_config(self.app).client.servers

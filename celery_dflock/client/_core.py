@@ -230,9 +230,8 @@ class LockCore:
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
     ) -> Request:
-        """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``)."""
+        """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``); ``note`` comes checked."""
         self.require_idle()
-        note = _requests.validate_note(note)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
         data = checked_hold(self.key, timeout, lease, note, detached=detached)
@@ -266,9 +265,9 @@ class LockCore:
     def take_over_request(
         self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
     ) -> Request:
-        """``ht <token> <lease> <onclose> <note>``: take over a detached grant."""
+        """``ht <token> <lease> <onclose> <note>``: take over a detached grant (``token`` and
+        ``note`` come checked)."""
         self.require_idle()
-        token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         self.check_lease(server, on_close_lease)
         data = checked_take(self.key, token, lease, on_close_lease, note)

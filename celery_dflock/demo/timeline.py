@@ -109,9 +109,11 @@ def judge(events: Iterable[Event]) -> Verdict:
         else:
             verdict.beat_sends[ev.worker] = verdict.beat_sends.get(ev.worker, 0) + 1
     verdict.unfinished = sorted(f"{k}/{tid}" for (k, tid, _f) in starts)
-    for key in dict.fromkeys(r.key for r in verdict.runs):
-        runs = sorted((r for r in verdict.runs if r.key == key), key=lambda r: r.start)
-        for before, after in pairwise(runs):
+    by_key: dict[str, list[Run]] = {}
+    for run in verdict.runs:
+        by_key.setdefault(run.key, []).append(run)
+    for runs in by_key.values():
+        for before, after in pairwise(sorted(runs, key=lambda r: r.start)):
             if after.start < before.end:
                 verdict.overlaps.append((before, after))
             if after.fence <= before.fence:

@@ -84,7 +84,9 @@ def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -
     where = fence_key or fence_key_of(key)
     if where == key:
         raise ValueError(f"fenced write to {label}: fence_key is the value's own key; name another")
-    return ScriptCall(SET, [key, where], [_padded(checked), value], label, checked)
+    return ScriptCall(
+        SET, [key, where], [_padded(checked), _stored(label, "the value", value)], label, checked
+    )
 
 
 def hset_call(
@@ -98,7 +100,7 @@ def hset_call(
         raise ValueError(f"fenced write to {label}: the field {fence_name!r} holds the fence")
     args: list[Value] = [_padded(checked), fence_name]
     for field, value in mapping.items():
-        args += [field, value]
+        args += [field, _stored(label, f"the field {field!r}", value)]
     return ScriptCall(HSET, [key], args, label, checked)
 
 
@@ -108,6 +110,16 @@ def pipelined(helper: str, client: object) -> TypeError:
     return TypeError(
         f"{helper} runs on a client, not a pipeline ({kind}): a pipeline answers at "
         "execute(), too late to tell a refused write; call it on the client itself"
+    )
+
+
+def _stored(label: str, what: str, value: object) -> Value:
+    """``value`` if Redis stores it as it is (redis-py refuses the rest, naming nothing)."""
+    if isinstance(value, str | bytes | int | float) and not isinstance(value, bool):
+        return value
+    raise InvalidValueError(
+        f"fenced write to {label}: {what} is {type(value).__name__} {value!r}, which Redis "
+        "does not store: give a str, bytes, int or float (json.dumps a structure)"
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.exc import CompileError, DBAPIError
+from sqlalchemy.exc import ArgumentError, CompileError, DBAPIError
 
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.errors import FenceColumnMissing
@@ -39,9 +39,15 @@ MYSQL: Final = frozenset({"mysql", "mariadb"})
 """The dialects whose upsert is ``ON DUPLICATE KEY UPDATE`` (it returns no fence)."""
 
 
-def table_of(table: sa.Table | type[Any]) -> sa.Table:
-    """A Core ``Table`` as it is; an ORM mapped class's table."""
-    return cast("sa.Table", sa.update(table).table)
+def table_of(table: sa.Table | type[Any], helper: str) -> sa.Table:
+    """A Core ``Table`` as it is; an ORM mapped class's table; else `TypeError` for ``helper``."""
+    try:
+        return cast("sa.Table", sa.update(table).table)
+    except ArgumentError:
+        kind = type(cast("object", table)).__name__
+        raise TypeError(
+            f"{helper} takes a Table or an ORM mapped class, not {kind} {table!r}"
+        ) from None
 
 
 def adding_lines(table: sa.Table, name: str) -> str:
@@ -70,14 +76,24 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
 
 
 @contextmanager
-def column_checked(
-    table: sa.Table, name: str, upsert: FencedUpsert | None = None
-) -> Generator[None]:
-    """Runs the block, turning the database's word that ``table`` has no column ``name`` into
-    `FenceColumnMissing` (and that the key of ``upsert`` is no unique key, into
-    `InvalidValueError`)."""
+def column_checked(fenced: FencedUpdate | FencedUpsert) -> Generator[None]:
+    """Runs the block, turning the database's word that the table has no fence column into
+    `FenceColumnMissing`, and SQLAlchemy's that the values name no column of it (and the
+    database's that an upsert's key is no unique key) into `InvalidValueError`."""
+    table, name = fenced.table, fenced.column.name
+    upsert = fenced if isinstance(fenced, FencedUpsert) else None
     try:
         yield
+    except CompileError as error:
+        unknown = str(error).partition("Unconsumed column names: ")[2]
+        if not unknown:
+            raise
+        doing = "upsert into" if upsert else "update of"
+        raise InvalidValueError(
+            f"fenced {doing} {fenced.label()}: values name {unknown}, which is no column of "
+            f"table {table.fullname!r} (its columns: {', '.join(table.c.keys())}); name "
+            "the table's columns (or the mapped class's attributes)"
+        ) from None
     except DBAPIError as error:
         said = str(error.orig)
         if upsert is not None and (refused := key_not_unique(upsert.label(), upsert.key, said)):
@@ -149,7 +165,7 @@ class FencedUpdate:
         fence: int | None,
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpdate:
-        target = table_of(table)
+        target = table_of(table, "fenced_update")
         if isinstance(where, bool | None):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidValueError(
                 f"fenced_update of {target.fullname}: where is {where}, not a condition on the "
@@ -192,7 +208,7 @@ class FencedUpsert:
         fence: int | None,
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpsert:
-        target = table_of(table)
+        target = table_of(table, "fenced_upsert")
         keyed = dict(key)
 
         def label() -> str:
@@ -208,7 +224,11 @@ class FencedUpsert:
             )
         unknown = sorted(set(keyed) - set(target.c.keys()))
         if unknown:
-            raise ValueError(f"fenced upsert into {label()}: no column {', '.join(unknown)}")
+            raise ValueError(
+                f"fenced upsert into {label()}: key names {', '.join(unknown)}, which is no "
+                f"column of table {target.fullname!r} (its columns: {', '.join(target.c.keys())})"
+                "; name the columns of its primary key or of a unique key"
+            )
         return cls(target, column, keyed, checked, label)
 
     def statement(

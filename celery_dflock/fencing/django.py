@@ -21,7 +21,7 @@ Django's ORM is blocking: from async code, ``sync_to_async(fenced_update)(...)``
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -31,6 +31,7 @@ import django.db.transaction  # pyright: ignore[reportUnusedImport]  # _db.trans
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.errors import FenceColumnMissing
 from celery_dflock.fencing.fences import (
     FENCE_COLUMN,
@@ -80,6 +81,7 @@ def fenced_update(
     field = _fence_field(queryset.model, fence_name)
     if fence_name in values:
         raise ValueError(f"fenced write to {label()}: the field {fence_name!r} holds the fence")
+    _refuse_unknown(queryset.model, label, values=values)
     with _column_checked(queryset.model, field):
         updated = int(
             queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
@@ -123,6 +125,7 @@ def fenced_upsert(
         raise ValueError(f"fenced upsert into {label}: key names no field ({{'id': 7}})")
     if fence_name in values or (update is not None and fence_name in update):
         raise ValueError(f"fenced upsert into {label}: the field {fence_name!r} holds the fence")
+    _refuse_unknown(model, label, key=key, values=values, update=update or {})
     refuse_key_misuse(label, key, values)
     sql, params = _upsert_sql(model, connection, field, checked, key, values, update)
     quote = connection.ops.quote_name
@@ -266,6 +269,29 @@ def _fence_field(model: Any, name: str) -> Any:
             f"fenced write to {model._meta.label}: the model has no field {name!r}, where a "
             f"fenced model keeps the highest fence written to each row; {_adding(model, name)}"
         ) from None
+
+
+def _refuse_unknown(model: Any, label: str | Callable[[], str], **given: Mapping[str, Any]) -> None:
+    """`InvalidValueError` for a name in one of ``given`` (``values=...``) that is no field of
+    ``model`` (Django's ``FieldDoesNotExist`` names none of its fields)."""
+    options: Any = model._meta
+    for where, names in given.items():
+        unknown = [name for name in names if not _has_field(options, name)]
+        if unknown:
+            fields = ", ".join(field.name for field in options.concrete_fields)
+            raise InvalidValueError(
+                f"fenced write to {label() if callable(label) else label}: {where} names "
+                f"{', '.join(unknown)}, which is no field of {options.label} (its fields: "
+                f"{fields}); name the model's fields"
+            )
+
+
+def _has_field(options: Any, name: str) -> bool:
+    try:
+        options.get_field(name)
+    except FieldDoesNotExist:
+        return False
+    return True
 
 
 def _adding(model: Any, name: str) -> str:

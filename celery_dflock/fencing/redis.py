@@ -25,6 +25,7 @@ import redis
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing._lua import (
     ScriptCall,
     Value,
@@ -61,8 +62,18 @@ def fenced_hset(
 
 
 def highest_fence(raw: bytes | str | None) -> int | None:
-    """A kept fence as an int (``GET`` of the fence's key, ``HGET`` of the fence field)."""
-    return None if raw is None else int(raw)
+    """A kept fence as an int (``GET`` of the fence's key, ``HGET`` of the fence field); one
+    that is no fence (the scripts' rule: up to 20 decimal digits) raises `InvalidValueError`."""
+    if raw is None:
+        return None
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if isinstance(text, str) and 0 < len(text) <= 20 and text.isascii() and text.isdigit():  # pyright: ignore[reportUnnecessaryIsInstance]
+        return int(text)
+    raise InvalidValueError(
+        f"highest_fence: the kept fence read from Redis is {raw!r}, not a fence of up to 20 "
+        "digits; pass what GET of the fence's key (fence_key_of(key)) or HGET of the hash's "
+        f"{FENCE_COLUMN!r} field returns, and set a kept fence to the highest fence written"
+    )
 
 
 def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:

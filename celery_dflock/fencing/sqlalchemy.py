@@ -66,6 +66,7 @@ def fence_column(name: str = FENCE_COLUMN) -> sa.Column[int]:
 def add_fence_column(connection: Connection, table: sa.Table, name: str = FENCE_COLUMN) -> bool:
     """Add the fence column to the existing ``table`` (every existing row gets 0); False if
     the table has it already."""
+    table = table_of(table, "add_fence_column")
     present = sa.inspect(connection).get_columns(table.name, schema=table.schema)
     if any(column["name"] == name for column in present):
         return False
@@ -93,7 +94,7 @@ def check_fence_column(
         raise wrong_face("check_fence_column", connection, blocking=True)
     inspector = sa.inspect(connection)
     lacking: list[str] = []
-    for table in map(table_of, tables):
+    for table in (table_of(given, "check_fence_column") for given in tables):
         if name in table.c and not inspector.has_table(table.name, schema=table.schema):
             lacking.append(
                 f"table {table.fullname!r} is not in the database: create it "
@@ -130,7 +131,7 @@ def fenced_update(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=True)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
-    with column_checked(fenced.table, fenced.column.name):
+    with column_checked(fenced):
         result = connection.execute(fenced.update(table, values))
         if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
@@ -166,7 +167,7 @@ def fenced_upsert(
         connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
     )
     statement = fenced.statement(dialect, values, update)
-    with column_checked(fenced.table, fenced.column.name, fenced):
+    with column_checked(fenced):
         result = connection.execute(statement)
         if dialect.name not in MYSQL and result.scalar() is not None:
             return

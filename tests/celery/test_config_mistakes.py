@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 from celery import Celery
 
-from celery_dflock import LockedTask, _runtime
+from celery_dflock import Client, LockedTask, _runtime
 from celery_dflock._worker_hooks import countdowns_past_visibility
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
@@ -417,6 +417,48 @@ def test_a_worker_frees_only_what_workers_of_its_own_lock_servers_left(
     again = workers.start(pool="solo", concurrency=1, settings=on_other, env=env)
     said = f"end:{name}' left by dead pool child"
     assert again.wait_output(said, timeout=15), again.output()[-3000:]
+
+
+def test_records_of_an_earlier_version_are_removed_once_all_their_writers_are_gone(
+    factory: Callable[..., WorkerFactory], tmp_path: Path, dflock_server: ServerThread
+) -> None:
+    """A records directory named as before it named its servers (``celery-dflock-<uid>-<pid>``)
+    was never removed after an upgrade: its servers cannot be known, so what it records is not
+    released (a hold recorded in it stays held), but once its worker and the pool children
+    that wrote its files are gone, nothing reads it; one a live process writes stays."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+
+    def gone_pid() -> int:
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        return gone.pid
+
+    def old_dir(owner: int, child: int, *entries: object) -> Path:
+        made = private_tmp / f"celery-dflock-{os.getuid()}-{owner}"
+        made.mkdir(mode=0o700)
+        (made / f"{child}.held").write_text(json.dumps(list(entries)))
+        return made
+
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        with Client([dflock_server.address]) as client:
+            hold = client.hold("earlier-version", note="old", lease_ttl=60)
+            child = gone_pid()
+            record = {"task_id": "t", "key": hold.key, "token": hold.token, "pid": child}
+            dead = old_dir(gone_pid(), child, record)
+            child_alive = old_dir(gone_pid(), alive.pid)
+            worker_alive = old_dir(alive.pid, gone_pid())
+            worker = factory().start(pool="solo", concurrency=1, env={"TMPDIR": str(private_tmp)})
+            said = f"dflock: removed {dead}: held-lock records left by gone workers of an earlier"
+            assert worker.wait_output(said, timeout=15), worker.output()[-3000:]
+            assert not dead.exists() and child_alive.exists() and worker_alive.exists()
+            assert "earlier-version" not in worker.output().replace(said, "")
+            assert client.renew(hold.key, hold.token, lease_ttl=60), "not released"
+            assert client.release(hold.key, hold.token)
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def left_by_a_dead_worker(

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 from kombu.exceptions import OperationalError
 
-from celery_dflock import AlreadyQueued, LockedTask
+from celery_dflock import AlreadyQueued, DflockError, LockedTask
 from celery_dflock._request import (
     HolderNote,
     beat_note,
@@ -91,7 +91,10 @@ def test_note_round_trip() -> None:
     assert decode_note("_") == (None, None)
     assert encode_note("x" * 300) is None
     long_host = encode_note("id", "h" * 300)
-    assert long_host == "id"  # too long with the host: the task id alone
+    assert long_host == "id/"  # too long with the host: the task id alone, still a task's
+    assert decode_note(long_host) == ("id", None)
+    assert encode_note("i" * 199, name="t") == "i" * 199 + "/"
+    assert encode_note("i" * 200, name="t") is None
 
 
 def test_a_run_s_note_names_its_pid_and_task_and_older_readers_still_find_the_task_id() -> None:
@@ -116,6 +119,7 @@ def test_a_run_s_note_names_its_pid_and_task_and_older_readers_still_find_the_ta
         encode_note("a/b", "celery@host 1", pid=7, name="n/1"),  # slashes, a space
         encode_note("é€", "h%st\tname", pid=1, name="t"),  # non-ASCII, a percent, a tab
         encode_note("id", "h" * 196, pid=12, name="n"),  # shortened: the host alone
+        encode_note("i" * 190, "celery@w1", pid=1, name="t"),  # shortened: the id alone
         "a/b/notapid/c%2Fd",  # not a pid
         beat_note(77, "host-b"),
         None,
@@ -249,6 +253,34 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
     assert first.get(timeout=RESULT_TIMEOUT_S) == name
     assert rig.key_free(key, wait_s=5)
     assert rig.tasks["once"].delay(name, None).id != first.id
+
+
+def test_a_long_custom_task_id_is_named_as_its_holder_or_refused_saying_so(rig: Rig) -> None:
+    """A custom task id too long to go with its worker and task name in the 200-byte owner
+    note: the note was the id alone, read back as a lock taken outside Celery, so a duplicate
+    publish raised AlreadyQueued saying no Celery task held the key, and a skipped run named
+    no holder. It is still the holder's id now; an id too long for the note itself is refused
+    at publish, naming the longest, and a run-time lock runs without a note."""
+    name = unique("long-id")
+    key = f"once:{name}"
+    long_id = "i" * 190
+    release = rig.release_file(name)
+    first = rig.tasks["once"].apply_async((name, str(release)), task_id=long_id)
+    rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
+    try:
+        assert rig.tasks["once"].delay(name, str(release)).id == long_id
+        skipped = rig.tasks["run_skip"].delay(name)
+        event = rig.log.wait_event("skipped", timeout=EVENT_TIMEOUT_S, task_id=skipped.id)
+        assert event["holder"] == long_id
+    finally:
+        release.touch()
+    assert first.get(timeout=RESULT_TIMEOUT_S) == name
+    too_long = "i" * 201
+    with pytest.raises(DflockError, match=r"task_id 'i+' is too long .* at most \d+ characters"):
+        rig.tasks["once"].apply_async((name,), task_id=too_long)
+    assert rig.key_free(key, wait_s=5)
+    sent = rig.tasks["plain"].apply_async((name,), task_id=too_long)
+    assert sent.get(timeout=RESULT_TIMEOUT_S) == name
 
 
 def test_a_key_held_outside_celery_is_no_task_to_return(rig: Rig) -> None:

@@ -152,6 +152,31 @@ def test_a_bad_token_is_refused_before_any_server_is_asked() -> None:
                 call()
 
 
+def test_a_bad_hold_note_is_named_before_the_server_or_the_locks_state() -> None:
+    # A hold's note (an adopt's token) is checked where it enters: with no server listening
+    # it is the value that is named, not the server (it was checked only as the request was
+    # built, after connecting), and so on a lock that already holds its key.
+    with Client([("127.0.0.1", free_port())], connect_timeout_s=1) as client:
+        with pytest.raises(InvalidValueError, match=r"^note must be .* got 'a b'$"):
+            client.hold("k", note="a b", lease_ttl=5)
+        with pytest.raises(InvalidValueError, match=r"^note must be .* got 'a b'$"):
+            client.lock("k").hold("a b")
+        with pytest.raises(InvalidValueError, match=r"^a token is .* got 'nope'$"):
+            client.lock("k", note="n").adopt("nope")
+
+
+def test_a_bad_hold_note_on_a_held_lock_names_the_note(dflock_server: ServerThread) -> None:
+    with Client([dflock_server.address]) as client:
+        lock = client.lock("q:bad-note", acquire_timeout_s=0)
+        assert lock.acquire()
+        with pytest.raises(InvalidValueError, match=r"^note must be .* got ''$"):
+            lock.hold("")
+        with pytest.raises(InvalidValueError, match=r"^a token is .* got 'nope'$"):
+            lock.adopt("nope")
+        assert lock.owned()
+        assert lock.release()
+
+
 def test_bad_hold_arguments_name_themselves(dflock_server: ServerThread) -> None:
     with Client([dflock_server.address]) as client:
         with pytest.raises(InvalidValueError, match="note must be"):

@@ -92,3 +92,31 @@ def test_the_demo_waits_for_a_beats_first_send() -> None:
     assert "NO BEAT" in render(no_beat)
     # Tasks unfinished at the timeout: an error, not a verdict.
     assert runner.progress_state(judge(tasks[:2]), late, expected) == "tasks late"
+
+
+def test_judging_is_linear_in_the_keys() -> None:
+    """Each key's runs were gathered by a pass over every run: keys x runs comparisons of
+    keys (4,000,000 for 2,000 one-run keys). Counted, not timed: a few per run now."""
+    compared: list[object] = []
+
+    class CountedKey(str):  # a key that counts how often it is compared with another key
+        __slots__ = ()
+
+        def __eq__(self, other: object) -> bool:
+            compared.append(other)
+            return str.__eq__(self, other)
+
+        __hash__ = str.__hash__
+
+    keys = 2000
+    events = [
+        *(
+            event
+            for n in range(keys)
+            for event in _run(CountedKey(f"k{n}"), f"t{n}", n + 1, n, n + 0.5)
+        ),
+        BEAT,
+    ]
+    verdict = judge(events)
+    assert verdict.passed() and len(verdict.runs) == keys
+    assert len(compared) <= 4 * keys

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import FenceMissing, StaleFence
 from tests.fencing.stores import (
     MARIADB_ALIAS,
@@ -330,3 +331,28 @@ def test_a_row_whose_fence_is_null_is_not_passed_over_in_silence(account: int) -
     with pytest.raises(InvalidValueError, match="holds NULL"):
         fenced_upsert(Account, 5, key={"id": account}, values={"balance": 1})
     assert Account.objects.get(pk=account).balance == 0
+
+
+def test_a_name_that_is_no_field_of_the_model_is_named_with_its_fields(account: int) -> None:
+    """A misspelt field raised Django's ``FieldDoesNotExist: Account has no field named
+    'balanse'``, which is no ValueError and said nothing of the model's fields; as the
+    SQLAlchemy face names the table's columns."""
+    from celery_dflock.fencing.django import fenced_update, fenced_upsert
+    from tests.fencing.models import Account
+
+    fields = "(its fields: id, balance, dflock_fence); name the model's fields"
+    for call, where in (
+        (lambda: fenced_update(Account.objects.filter(pk=account), 5, balanse=1), "values"),
+        (lambda: fenced_upsert(Account, 5, key={"idd": 7}, values={"balance": 1}), "key"),
+        (lambda: fenced_upsert(Account, 5, key={"id": 7}, values={"balanse": 1}), "values"),
+        (
+            lambda: fenced_upsert(Account, 5, key={"id": 7}, values={}, update={"balanse": 1}),
+            "update",
+        ),
+    ):
+        with pytest.raises(InvalidValueError) as refused:
+            call()
+        said = str(refused.value)
+        assert f": {where} names " in said and "which is no field of fencing.Account" in said
+        assert said.endswith(fields), said
+    assert state(account) == (0, 0)

@@ -6,6 +6,7 @@ real stores and lock server."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -24,6 +25,7 @@ from celery_dflock.fencing import (
     sqlalchemy_aio,
 )
 from celery_dflock.fencing.sqlalchemy import (
+    add_fence_column,
     check_fence_column,
     fence_column,
     fenced_update,
@@ -250,3 +252,21 @@ def test_a_row_written_under_two_keys_is_refused_saying_so(
     assert f"its fence {fence_a} is lower than {fence_b}, the fence the store holds" in said
     assert "a holder of another lock key that writes the same row or key" in said
     assert "write each row under one lock key" in said
+
+
+def test_a_table_given_by_its_name_is_refused_naming_what_to_pass(engine: sa.Engine) -> None:
+    """A table's name where a Table (or a mapped class) goes: SQLAlchemy's ``ArgumentError:
+    subject table for an INSERT, UPDATE or DELETE expected, got 'account'`` from the writes and
+    the check, and ``AttributeError: 'str' object has no attribute 'name'`` from
+    add_fence_column."""
+    said = "takes a Table or an ORM mapped class, not str 'account'"
+    name: Any = "account"
+    calls = (
+        lambda db: fenced_update(db, name, ACCOUNTS.c.id == 1, fence=1, values={}),
+        lambda db: fenced_upsert(db, name, key={"id": 1}, fence=1, values={}),
+        lambda db: check_fence_column(db, name),
+        lambda db: add_fence_column(db, name),
+    )
+    for call in calls:
+        with engine.begin() as db, pytest.raises(TypeError, match=said):
+            call(db)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -129,6 +130,11 @@ def test_a_kept_fence_that_is_no_fence_is_refused_saying_so(
     ):
         fenced_hset(store_redis, key, {"total": 2}, fence=200)
     assert store_redis.hget(key, "total") == b"1"
+    # highest_fence reads it as the scripts do ("junk" raised int()'s bare ValueError, "-5"
+    # and the 24-digit "...300" were taken for fences).
+    said = f"highest_fence: the kept fence read from Redis is {kept.encode()!r}, not a fence of"
+    with pytest.raises(InvalidValueError, match=re.escape(said)):
+        highest_fence(store_redis.hget(key, "dflock_fence"))
 
 
 def test_a_key_of_another_type_is_named(store_redis: redis.Redis, key: str) -> None:
@@ -145,3 +151,19 @@ def test_a_key_of_another_type_is_named(store_redis: redis.Redis, key: str) -> N
     with pytest.raises(InvalidValueError, match=re.escape(said)):
         fenced_set(store_redis, key, "value", fence=5)
     assert store_redis.get(key) is None
+
+
+def test_a_value_redis_cannot_store_is_named_with_its_key(
+    store_redis: redis.Redis, key: str
+) -> None:
+    """None, a dict or a bool raised redis-py's ``DataError: Invalid input of type:
+    'NoneType'``, naming no key or field."""
+    bad: list[Any] = [None, {"a": 1}, True]
+    for value in bad:
+        said = f"fenced write to Redis key {key!r}: the value is {type(value).__name__} {value!r}"
+        with pytest.raises(InvalidValueError, match=re.escape(said)):
+            fenced_set(store_redis, key, value, fence=5)
+        said = f"fenced write to Redis hash {key!r}: the field 'total' is {type(value).__name__}"
+        with pytest.raises(InvalidValueError, match=re.escape(said)):
+            fenced_hset(store_redis, key, {"total": value}, fence=5)
+    assert store_redis.exists(key, fence_key_of(key)) == 0

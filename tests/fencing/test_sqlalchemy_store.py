@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from typing import Any
 
 import pytest
@@ -152,6 +153,32 @@ def test_values_that_set_the_fence_column_are_refused(engine: sa.Engine, account
                 update=values,
             )
     assert row(engine, account) == (1, 20)
+
+
+def test_a_value_for_no_column_names_the_table_and_its_columns(
+    engine: sa.Engine, account: int
+) -> None:
+    """A misspelt column in ``values`` raised SQLAlchemy's ``CompileError: Unconsumed column
+    names: balanse``, naming no table, through a connection and through an ORM session."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Account(Base):
+        __tablename__ = "account"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        balance: Mapped[int]
+        dflock_fence: Mapped[int]
+
+    said = (
+        "fenced update of account where account.id = 7: values name balanse, which is no "
+        "column of table 'account' (its columns: id, balance, dflock_fence); "
+    )
+    with engine.begin() as db, pytest.raises(InvalidValueError, match=re.escape(said)):
+        fenced_update(db, ACCOUNTS, ACCOUNTS.c.id == account, fence=3, values={"balanse": 1})
+    with Session(engine) as session, pytest.raises(InvalidValueError, match=re.escape(said)):
+        fenced_update(session, Account, Account.id == account, fence=3, values={"balanse": 1})
+    assert row(engine, account) == (0, 0)
 
 
 @pytest.mark.parametrize("where", [None, False, True])

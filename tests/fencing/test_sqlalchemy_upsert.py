@@ -169,7 +169,7 @@ def test_bad_arguments_are_named(engine: sa.Engine) -> None:
             fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values={"dflock_fence": 9})
         with pytest.raises(ValueError, match="key names no column"):
             fenced_upsert(db, ACCOUNTS, key={}, fence=1, values={"balance": 1})
-        with pytest.raises(ValueError, match="no column nope"):
+        with pytest.raises(ValueError, match="key names nope, which is no column of table 'ac"):
             fenced_upsert(db, ACCOUNTS, key={"nope": 1}, fence=1, values={"balance": 1})
         # NULL conflicts with no row: each call inserted a new row, which no fence guards
         with pytest.raises(InvalidValueError, match="key id is None"):

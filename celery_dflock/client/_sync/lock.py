@@ -457,6 +457,7 @@ class DistributedLock(LockBase):
         grant outlives this object, which holds nothing after. Not ``detached``: it stays
         bound to the pooled connection that took it until `detach_token`. `KeyHeld` when the
         key stays busy."""
+        note = _requests.validate_note(note)
         core, granted = self._core, False
         try:
             granted = self._grant(
@@ -493,6 +494,7 @@ class DistributedLock(LockBase):
         or detached again with that lease. False when the token no longer holds the key or
         another connection has it bound (`holder` names it)."""
         holding, core = self._holding, self._core
+        token = _requests.validate_token(token)
         ht_note = core.take_over_note(note)
         close_lease = (
             None if on_close_lease is None else lease_seconds("on_close_lease", on_close_lease)
