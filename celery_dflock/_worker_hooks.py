@@ -290,9 +290,9 @@ class _Hooks:
             released = app_client(self.app).release(key, token, limit=limit)
         except (DflockError, OSError) as exc:
             logger.warning("dflock: could not release %r %s: %s (%s)", key, whose, exc, frees)
-        else:
-            if released:
-                logger.info("dflock: released %r %s", key, whose)
+        else:  # not held any more: its lease or its holder's session ended first
+            said = "dflock: released %r %s" if released else "dflock: %r %s was free already"
+            logger.info(said, key, whose)
 
     def _clean_up_after_dead_workers(self, main_pid: int) -> None:
         for records in HeldRecords.left_by_dead_workers(main_pid, self._servers()):
