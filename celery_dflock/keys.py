@@ -202,12 +202,13 @@ class KeyBuilder:
     ``lock_key`` option, ``prefix`` (``dflock_key_prefix``) goes in front of every key. The
     signature is inspected once, here; `key` does the per-run part."""
 
-    __slots__ = ("_named", "_signature", "prefix", "source", "task_name")
+    __slots__ = ("_named", "_signature", "prefix", "run", "source", "task_name")
 
     def __init__(
         self, source: KeySource, *, task_name: str, run: Callable[..., Any], prefix: str = ""
     ) -> None:
         self.source = source
+        self.run = run  # what it was built for, with source and prefix
         self.task_name = task_name
         self.prefix = prefix
         try:
