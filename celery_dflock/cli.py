@@ -423,6 +423,11 @@ def dflock() -> None:
     """Inspect the dflockd lock servers this app uses (dflock_servers)."""
 
 
+def _command(function: Callable[..., None]) -> click.Command:
+    """A ``dflock`` sub-command that asks the servers: ``--json`` first, then its own options."""
+    return dflock.command(cls=CeleryCommand)(_JSON(click.pass_context(function)))
+
+
 WORKERS_TIMEOUT_S: Final = 1.0
 
 
@@ -463,8 +468,7 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
     return "\n".join(lines)
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
+@_command
 @click.option(
     "--workers",
     "with_workers",
@@ -474,7 +478,6 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
         "outages they met: outage retries, servers they cannot reach."
     ),
 )
-@click.pass_context
 def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     """Per server: reachable or not, connections, held locks and waiters, restart grace,
     journal and any degraded state (read-only journal, draining, fenced, shards moving); with
@@ -495,9 +498,7 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     _answer(ctx, as_json, collect, json_of=json_of, render=render, ok=lambda r: r.healthy)
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
-@click.pass_context
+@_command
 def locks(ctx: click.Context, as_json: bool) -> None:
     """Every held lock and semaphore with its lease left and waiters."""
     _answer(
@@ -505,9 +506,7 @@ def locks(ctx: click.Context, as_json: bool) -> None:
     )
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
-@click.pass_context
+@_command
 def ping(ctx: click.Context, as_json: bool) -> None:
     """Whether every server answers and grants: exit 1 when one is unreachable or grants
     nothing new (read-only, draining, fenced)."""
@@ -536,9 +535,7 @@ def format_ping(reports: Sequence[ServerReport]) -> str:
     return "\n".join(lines)
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
-@click.pass_context
+@_command
 def shards(ctx: click.Context, as_json: bool) -> None:
     """Which keys each server serves: mode, members, shards per member, moves, leader."""
     _answer(
