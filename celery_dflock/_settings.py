@@ -136,15 +136,11 @@ def check_bool(value: object, where: str) -> bool:
     return value
 
 
-def check_string(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise DflockConfigError(f"{where} must be a string, got {value!r}")
-    return value
-
-
-def check_non_empty_string(value: object, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise DflockConfigError(f"{where} must be a non-empty string, got {value!r}")
+def check_string(value: object, where: str, *, empty: bool = True) -> str:
+    """A string (``empty=False``: one with more than white space)."""
+    if not isinstance(value, str) or not (empty or value.strip()):
+        kind = "a string" if empty else "a non-empty string"
+        raise DflockConfigError(f"{where} must be {kind}, got {value!r}")
     return value
 
 
@@ -615,7 +611,7 @@ BEAT_SETTING_SPECS: Final = (
     _setting(
         "dflock_beat_lock_key",
         None,
-        check_non_empty_string,
+        partial(check_string, empty=False),
         "Key of the leader lock (with `dflock_key_prefix` in front).",
         shown=repr(DEFAULT_BEAT_KEY_PREFIX + "<app.main>"),
     ),
