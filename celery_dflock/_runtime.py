@@ -259,9 +259,7 @@ class HeldRecords:
             found: object = json.loads(path.read_bytes())
         except (OSError, ValueError):
             return []  # gone, or being written by a child that is alive (it is skipped)
-        if not isinstance(found, list):
-            return []
-        items = cast("list[object]", found)
+        items = cast("list[object]", found) if isinstance(found, list) else []
         return [cast("dict[str, Any]", e) for e in items if isinstance(e, dict)]
 
     def entries(self, task_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
