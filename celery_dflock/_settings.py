@@ -409,6 +409,11 @@ SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
 """Lock option name -> its app-wide ``app.conf`` setting (``dflock_`` + the name)."""
 
 
+def _choices(name: str) -> str:
+    """An error's end for ``name``, no lock option: the close ones, then every lock option."""
+    return f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
+
+
 @dataclass(frozen=True, slots=True)
 class GivenOptions:
     """The lock options given in one place (a call, a ``dflock_task_locks`` entry, a task's
@@ -456,10 +461,7 @@ def read_options(
         if not isinstance(name, str):
             raise DflockConfigError(f"{what}: option names must be strings, got {name!r}")
         if name not in LOCK_OPTIONS:
-            raise DflockConfigError(
-                f"{where(name)}: unknown lock option {name!r}"
-                f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
-            )
+            raise DflockConfigError(f"{where(name)}: unknown lock option {name!r}{_choices(name)}")
         if serialisable and callable(value):
             raise DflockConfigError(
                 f"{where(name)} must be serialisable (a template string), not a callable"
@@ -525,10 +527,7 @@ def check_option_names(names: Iterable[str], where: str) -> None:
     """Refuse a name that looks like a misspelt lock option (Celery would keep it silently)."""
     for name in names:
         if looks_like_lock_option(name):
-            raise DflockConfigError(
-                f"{where}: {name!r} is not a lock option{close_matches(name, LOCK_OPTIONS)} "
-                f"(the lock options: {', '.join(LOCK_OPTIONS)})"
-            )
+            raise DflockConfigError(f"{where}: {name!r} is not a lock option{_choices(name)}")
 
 
 def check_task_locks(value: object, where: str) -> Mapping[str, GivenOptions]:
