@@ -106,9 +106,8 @@ class TaskRuns:
             given = bound[1]
         else:  # changed since the bind (or never bound): they enter here
             given = _read(attributes, name)
-        options = None
-        if _is_locked(task, config, attributes):
-            options = resolve_options(config, name, given, None)
+        locked = _is_locked(task, config, attributes)
+        options = resolve_options(config, name, given, None) if locked else None
         plan = self.plan = _Plan(config, attributes, given, options)
         return plan
 
