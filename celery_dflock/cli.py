@@ -401,9 +401,8 @@ def _answer(
     """Ask every server, print the answers, and exit 1 unless every answer is ``ok``."""
     from celery_dflock.config import get_config
 
-    obj: Any = ctx.obj
     try:
-        answers = ask(get_config(obj.app))
+        answers = ask(get_config(ctx.obj.app))
     except (DflockError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(json.dumps(json_of(answers), indent=2) if as_json else render(answers))
@@ -483,8 +482,7 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     journal and any degraded state (read-only journal, draining, fenced, shards moving); with
     --workers, each worker's outage retries. Exit 1 when a server is unreachable or grants
     nothing new (read-only, draining, fenced)."""
-    obj: Any = ctx.obj
-    workers = ask_workers(obj.app) if with_workers else None
+    workers = ask_workers(ctx.obj.app) if with_workers else None
     now = time.time()
 
     def json_of(reports: list[ServerReport]) -> object:
@@ -626,10 +624,9 @@ def release(
     from celery_dflock.client.clients import Client
     from celery_dflock.config import get_config
 
-    obj: Any = ctx.obj
     note = operator_note() if note is None else note
     try:
-        config = get_config(obj.app)
+        config = get_config(ctx.obj.app)
         with config.new_client() as client:
             reports = [ServerReport.of(status) for status in client.stats()]
             # Each key where stats lists it, also where routing would not send it (the server
