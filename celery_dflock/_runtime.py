@@ -151,8 +151,7 @@ def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) 
         return True
     # base=LockedTask named explicitly: always locked. Inherited only through the
     # app's task_cls: locked only with a lock option (checked above).
-    app_task_cls: Any = task._get_app().Task
-    return not isinstance(task, app_task_cls)
+    return not isinstance(task, task._get_app().Task)
 
 
 def options_for(
