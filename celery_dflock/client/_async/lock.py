@@ -531,8 +531,7 @@ class AsyncDistributedLock(AsyncLockBase):
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
             return False
-        if holding.conn is not None:  # refused before the lock lets go of anything
-            core.check_lease(holding.conn.server, lease)
+        core.check_lease(holding.server(), lease)  # refused before the lock lets go of anything
         await holding.driver.stop()
         async with holding.op_lock:
             conn, holding.conn = holding.conn, None

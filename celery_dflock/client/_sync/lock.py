@@ -530,8 +530,7 @@ class DistributedLock(LockBase):
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
             return False
-        if holding.conn is not None:  # refused before the lock lets go of anything
-            core.check_lease(holding.conn.server, lease)
+        core.check_lease(holding.server(), lease)  # refused before the lock lets go of anything
         holding.driver.stop()
         with holding.op_lock:
             conn, holding.conn = holding.conn, None
