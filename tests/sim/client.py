@@ -608,6 +608,7 @@ class SimClient:
                     self.attempt.renewed_t.append(self.global_t(sent))
                 self.conn = conn
                 if reattach and self.holding is not None:
+                    self.loop.count("reattached")
                     self._kept_by(conn, self.holding)
                 self._schedule_renewal(core.renew_interval())
             elif outcome.reattach:
