@@ -75,7 +75,7 @@ def test_every_cluster_seed_of_the_budget_keeps_the_contracts(
 CLUSTER_FAULTS = (
     "member_kill", "member_reboot", "member_pause", "etcd_partition", "etcd_stall",
     "etcd_outage", "member_leave", "member_join", "kill", "pause", "partition", "reset",
-    "reattached", "ticket replayed", "etcd lease expired", "etcd answer lost",
+    "ticket replayed", "etcd lease expired", "etcd answer lost",
     "member fenced itself", "handover", "failover", "released takeover", "error_ask",
     "asking admitted", "asking refused", "redirected", "map read", "lease bound published",
 )  # fmt: skip
