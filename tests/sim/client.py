@@ -5,10 +5,14 @@ its session kept alive), release it, again. What it decides, it decides with the
 code: ``LockCore`` builds every request and reads every reply, says when a grant is renewed,
 lost, or must be reattached by token; ``ClientSession`` says how long its session surely lives.
 What is the simulator's own is the shell around them, written after
-``celery_dflock/client/_async/held.py`` (renewal, reattach, release), ``keepalive.py`` (the
-session's keep-alive) and ``connection.py`` (a connection's ``hello`` and join); a connection
-whose request gets no answer in its time is closed, as theirs is. Each attempt is recorded as a
-``tests.faults.history.Hold``, on the run's (global) clock.
+``celery_dflock/client/_async/held.py`` (renewal, reattach, release; a request that may wait
+keeps its session alive; a grant made in a session that ended while it waited is confirmed:
+the connection rejoins the current session and the grant is renewed by token before the
+acquire returns, else abandoned), ``keepalive.py`` (a session's keep-alive), ``connection.py``
+(a connection's ``hello`` and join) and ``pool.py`` (one current session per server; an idle
+connection whose session is over is not reused); a connection whose request gets no answer in
+its time is closed, as theirs is. Each attempt is recorded as a ``tests.faults.history.Hold``,
+on the run's (global) clock.
 """
 
 from __future__ import annotations
@@ -116,6 +120,8 @@ class Attempt:
     renewed_t: list[float] = field(default_factory=list[float])
     told_t: float | None = None
     outcome: str = ""
+    confirming: bool = False
+    """Granted, its session over meanwhile: being confirmed (the acquire has not returned)."""
 
     def hold(self, client: str, outcome: str, holding_until: float | None = None) -> Hold:
         renewed = self.renewed_t
@@ -171,14 +177,15 @@ class SimClient:
         self.settings = ClientSettings.checked(servers=[("sim", 6388)], connect_timeout_s=5.0)
         self.endpoint = self.settings.endpoints()[0]
         self.info: ServerInfo | None = None
-        self.session: ClientSession | None = None
-        self.sessions_made = 0
+        self.sessions: dict[str, ClientSession] = {}
+        """The current client session with each server, by address (``Sessions``)."""
         self.conn: ClientConn | None = None
         self.core: LockCore | None = None
+        self.holding: _Holding | None = None
         self.attempt: Attempt | None = None
         self.renew_timer: Timer | None = None
-        self.keeping: ClientSession | None = None
-        self.ka_conn: ClientConn | None = None
+        self.ka_conns: dict[str, ClientConn] = {}
+        """Each session's keep-alive connection, by its server's address."""
         self.detached_holds = False
         """Some of its acquires are detached holds (``hl ... d``)."""
         self.aim = ""
@@ -199,12 +206,12 @@ class SimClient:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.info = None
-        self.session = None
+        self.sessions = {}
         self.conn = None
         self.core = None
+        self.holding = None
         self.attempt = None
-        self.keeping = None
-        self.ka_conn = None
+        self.ka_conns = {}
         self._next_attempt()
 
     def kill(self) -> None:
@@ -218,40 +225,51 @@ class SimClient:
             else:
                 self.holds.append(attempt.hold(self.name, "killed", holding_until=self.loop.now))
         self.attempt = None
-        self.core = None
-        for conn in (self.conn, self.ka_conn):
+        self.core = self.holding = None
+        for conn in (self.conn, *self.ka_conns.values()):
             if conn is not None and conn.conn is not None:
                 conn.conn.close_by_client(reset=True)
-        self.conn = self.ka_conn = None
+        self.conn = None
+        self.ka_conns = {}
 
     def _next_attempt(self) -> None:
         self.proc.later(self.loop.uniform(0.0, 2.0), self._acquire)
 
     # ------------------------------------------------------------------ connections
-    def _session_for(self, info: ServerInfo) -> ClientSession:
-        """``Sessions.current``: the live session, or a new one (its id from the run's seed)."""
-        session = self.session
+    def _session_for(self, info: ServerInfo, address: str) -> ClientSession:
+        """``Sessions.current``: the live session with ``address``, or a new one (its id from
+        the run's seed)."""
+        session = self.sessions.get(address)
         ttl = info.session_ttl(self.endpoint.session_ttl_s)
         if session is None or not session.live() or session.ttl != ttl:
             session = ClientSession(ttl, clock=self.clock)
-            self.sessions_made += 1
             session.id = f"{self.loop.rng.getrandbits(128):032x}"
-            self.session = session
+            self.sessions[address] = session
         return session
 
+    def server_address(self) -> str:
+        """Where the lock's requests go (one server: its only one)."""
+        return self.endpoint.address
+
     def connect(self, done: Callable[[ClientConn | None, bool], None]) -> None:
-        """``AsyncConnection.connect``: a connection that said ``hello`` and joined the session;
-        ``done(None, refused)`` when it could not be made."""
+        """A connection to the lock's server (`dial`)."""
+        self.dial(self.server_address(), done)
+
+    def dial(self, address: str, done: Callable[[ClientConn | None, bool], None]) -> None:
+        """``AsyncConnection.connect``: a connection to ``address`` that said ``hello`` and
+        joined the current session there; ``done(None, refused)`` when it could not be made."""
 
         def made(conn: ClientConn | None, refused: bool) -> None:
             if conn is None:
                 done(None, refused)
                 return
+            conn.address = address
             if self.info is None:
                 self._hello(conn, done)
             else:
                 self._join(conn, done)
 
+        self.aim = address
         self._connect(self, made)
 
     def _hello(self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None]) -> None:
@@ -270,12 +288,14 @@ class SimClient:
         conn.request(Command.HELLO, _requests.HELLO_REQUEST, 10.0, answered)
 
     def _join(self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None]) -> None:
+        """``AsyncConnection.rejoin``: ``conn`` joins the current session with its server (a
+        new connection's, and a grant's confirmation)."""
         info = self.info
         assert info is not None
         if not info.keeps_sessions:
             done(conn, False)
             return
-        session = self._session_for(info)
+        session = self._session_for(info, conn.address)
         sent = self.clock()
 
         def answered(reply: Reply | None) -> None:
@@ -295,17 +315,32 @@ class SimClient:
         )
 
     # ------------------------------------------------------------------ acquire
+    def _begin(self, core: LockCore, lease: int | None) -> None:
+        """A new attempt with ``core`` (its holding, its record)."""
+        core.grant.clock = self.clock
+        self.core = core
+        self.holding = _Holding(self, core)
+        self.attempt = Attempt(core.key, self.loop.now, lease or 12)
+
+    def _reusable(self, conn: ClientConn | None) -> bool:
+        """``AsyncConnectionPool.checkout``'s look at an idle connection: open, and its client
+        session live (one that fails is closed)."""
+        if conn is None or conn.gone:
+            return False
+        if conn.session is None or conn.session.live():
+            return True
+        conn.close()
+        return False
+
     def _acquire(self) -> None:
         rng = self.loop.rng
         key = rng.choice(self.keys)
         lease = rng.choice([None, 4, 8, 15])
         timeout = rng.choice([0, 2, 10])
         core = LockCore(key, self.settings, acquire_timeout_s=timeout, lease_ttl_s=lease)
-        core.grant.clock = self.clock
-        self.core = core
-        self.attempt = Attempt(key, self.loop.now, lease or 12)
+        self._begin(core, lease)
         conn = self.conn
-        if conn is not None and not conn.gone:
+        if conn is not None and self._reusable(conn):
             self._send_acquire(conn, core)
             return
 
@@ -320,6 +355,22 @@ class SimClient:
 
         self.connect(connected)
 
+    def _keep_while_waiting(self, conn: ClientConn, waiting: bool) -> None:
+        """``AsyncHolding.keep_while_waiting``: a request that may wait for its grant keeps
+        its connection's session alive meanwhile."""
+        holding = self.holding
+        if holding is not None:
+            holding.waiting = waiting
+            if waiting:
+                self._kept_by(conn, holding)
+
+    def _kept_by(self, conn: ClientConn, holding: _Holding) -> None:
+        """``AsyncHolding._kept_by``: ``holding`` keeps ``conn``'s session alive."""
+        session = conn.session
+        if session is not None:
+            address = conn.address
+            session.hold(holding, lambda: self._start_keeping(session, address))
+
     def _send_acquire(self, conn: ClientConn, core: LockCore) -> None:
         core.begin_acquire()
         detached = self.detached_holds and self.loop.chance(0.5) and self.info is not None
@@ -332,10 +383,12 @@ class SimClient:
             command, data, timeout = core.acquire_request(self.info)
         sent = self.clock()
         self.loop.note(f"{self.name}: {data!r} on {conn.conn.id if conn.conn else '-'}")
+        self._keep_while_waiting(conn, core.routing.acquire_timeout_s > 0)
 
         def answered(reply: Reply | None) -> None:
             if self.core is not core:
                 return
+            self._keep_while_waiting(conn, False)
             if reply is None:
                 self._finish("error")
                 return
@@ -348,7 +401,7 @@ class SimClient:
             if not held:
                 self._finish("timeout")
                 return
-            self._granted(conn, core, detached=detached)
+            self._start_renewing(conn, core, detached=detached)
 
         conn.request(command, data, timeout, answered)
 
@@ -357,10 +410,12 @@ class SimClient:
         command, data, timeout = core.enqueue_request(self.info)
         sent = self.clock()
         self.loop.note(f"{self.name}: {data!r} on {conn.conn.id if conn.conn else '-'}")
+        self._keep_while_waiting(conn, True)
 
         def enqueued(reply: Reply | None) -> None:
             if self.core is not core:
                 return
+            self._keep_while_waiting(conn, False)
             if reply is None:
                 self._finish("error")
                 return
@@ -373,7 +428,7 @@ class SimClient:
             assert attempt is not None
             if held:
                 attempt.enqueued_t = self.loop.now
-                self._granted(conn, core)
+                self._start_renewing(conn, core)
             elif core.state is LockState.ENQUEUED:
                 attempt.enqueued_t = self.loop.now
                 self._wait(conn, core)
@@ -385,10 +440,12 @@ class SimClient:
     def _wait(self, conn: ClientConn, core: LockCore) -> None:
         command, data, timeout = core.wait_request(self.loop.rng.choice([0, 2, 10]))
         sent = self.clock()
+        self._keep_while_waiting(conn, True)
 
         def answered(reply: Reply | None) -> None:
             if self.core is not core:
                 return
+            self._keep_while_waiting(conn, False)
             if reply is None:
                 self._finish("error")
                 return
@@ -398,28 +455,92 @@ class SimClient:
                 self._finish("error")
                 return
             if held:
-                self._granted(conn, core)
+                self._start_renewing(conn, core)
             else:
                 self._finish("timeout")
 
         conn.request(command, data, timeout, answered)
 
-    def _granted(self, conn: ClientConn, core: LockCore, *, detached: bool = False) -> None:
+    def _start_renewing(self, conn: ClientConn, core: LockCore, *, detached: bool = False) -> None:
+        """``AsyncHolding.start_renewing``: the grant reached the client; one made on a
+        connection whose session ended while it waited is confirmed first (`_confirm`)."""
         attempt = self.attempt
         assert attempt is not None and core.grant.token is not None
         attempt.granted_t = self.loop.now
         attempt.fence = _requests.fence_of(core.grant.token)
+        self._prove(attempt, core)
+        session = conn.session
+        if detached or session is None or session.live():
+            self._granted(conn, core, detached=detached)
+        else:
+            self._confirm(conn, core)
+
+    def _prove(self, attempt: Attempt, core: LockCore) -> None:
+        """How long the grant is proven held from the attempt's request: its lease, or in a
+        client session while the session surely lives (its last join or keep-alive sent
+        before the request, plus its time), and from each keep-alive answered."""
         attempt.lease = core.grant.lease
         session = core.grant.session
         if session is not None:
-            # In a client session the server may end the grant with its session, before its
-            # lease: proven only while the session surely lives (its last join or keep-alive
-            # sent before the request, plus its time), and from each keep-alive answered.
             requested = attempt.requested_t + self.proc.clock_offset
             attempt.lease = max(
                 0.0, min(core.grant.lease, session.answered_at + session.ttl - requested)
             )
             attempt.session_ttl = min(core.grant.lease, session.ttl)
+
+    def _confirm(self, conn: ClientConn, core: LockCore) -> None:
+        """``AsyncHolding._confirm``: the connection joins the current session (``rejoin``:
+        the server moves the grant into it, unless the one it was made in ran out and ended
+        it) and the grant is renewed by token on it; not renewed, or a request that fails,
+        and the grant is abandoned: the acquire returns False."""
+        attempt = self.attempt
+        assert attempt is not None
+        attempt.confirming = True
+        self.loop.note(f"{self.name}: its session ended while it waited: confirms {core.key}")
+
+        def rejoined(joined: ClientConn | None, refused: bool) -> None:
+            if self.core is not core:
+                return
+            if joined is None:
+                self._abandon(core, "the rejoin failed")
+                return
+            core.grant.session = conn.session  # where the server has it now, if anywhere
+            command, data, timeout = core.renew_request()
+            sent = self.clock()
+
+            def answered(reply: Reply | None) -> None:
+                if self.core is not core:
+                    return
+                if reply is None:
+                    self._abandon(core, "no answer to its renewal")
+                    return
+                outcome = core.on_renew_reply(reply, sent, conn.session)
+                if not outcome.renewed:
+                    self._abandon(core, outcome.lost_reason or "renewal refused")
+                    return
+                attempt.confirming = False
+                self.loop.count("grant confirmed")
+                self._granted(conn, core)
+
+            conn.request(command, data, timeout, answered)
+
+        self._join(conn, rejoined)
+
+    def _abandon(self, core: LockCore, why: str) -> None:
+        """The confirmation failed: the lock resets, nobody believed the grant (it ends with
+        the session it is in)."""
+        self.loop.note(f"{self.name}: {core.key} not confirmed: {why}")
+        self.loop.count("grant not confirmed")
+        if self.attempt is not None:
+            self.attempt.told_t = self.loop.now
+        core.reset()
+        self._finish("lost")
+
+    def _granted(self, conn: ClientConn, core: LockCore, *, detached: bool = False) -> None:
+        """The acquire returns True: the lock is held, its renewal starts."""
+        attempt = self.attempt
+        assert attempt is not None
+        self._prove(attempt, core)
         self.loop.note(f"{self.name}: granted {core.key} fence {attempt.fence}")
         if detached:  # a detached hold (``Client.hold``): no renewal, let go by token
             self.loop.note(f"{self.name}: detached hold of {core.key}")
@@ -427,9 +548,9 @@ class SimClient:
                 self.loop.uniform(0.0, 0.7 * core.grant.lease), lambda: self._release(core)
             )
             return
-        session = core.grant.session
-        if session is not None:
-            session.hold(_Holding(self, core), lambda: self._start_keeping(session))
+        holding = self.holding
+        assert holding is not None
+        self._kept_by(conn, holding)
         self._schedule_renewal(core.first_renewal_in())
         self.proc.later(self.loop.uniform(0.0, 30.0), lambda: self._release(core))
 
@@ -447,8 +568,11 @@ class SimClient:
     def _renew_tick(self) -> None:
         """``AsyncHolding.renew_once``."""
         core = self.core
+        attempt = self.attempt
         if core is None or core.state is not LockState.HELD or core.lost:
             return
+        if attempt is not None and attempt.confirming:
+            return  # (its renewal has not started)
         ended = core.grant.session_ended()
         if ended is not None:
             self._lost(core, ended)
@@ -465,7 +589,9 @@ class SimClient:
             return
         self._renew_on(conn, core)
 
-    def _renew_on(self, conn: ClientConn, core: LockCore) -> None:
+    def _renew_on(self, conn: ClientConn, core: LockCore, *, reattach: bool = False) -> None:
+        """A renewal by token on ``conn`` (``reattach``: a new connection, whose session the
+        grant keeps alive once renewed: ``AsyncHolding._reattach_once``)."""
         command, data, timeout = core.renew_request()
         sent = self.clock()
 
@@ -481,6 +607,9 @@ class SimClient:
                 if self.attempt is not None and core.grant.session is None:
                     self.attempt.renewed_t.append(self.global_t(sent))
                 self.conn = conn
+                if reattach and self.holding is not None:
+                    self.loop.count("reattached")
+                    self._kept_by(conn, self.holding)
                 self._schedule_renewal(core.renew_interval())
             elif outcome.reattach:
                 core.connection_broke(outcome.lost_reason or "draining")
@@ -513,7 +642,7 @@ class SimClient:
                     core.grant.refused()
                 self._pause_reattach(core, "unreachable")
                 return
-            self._renew_on(conn, core)
+            self._renew_on(conn, core, reattach=True)
 
         self.connect(connected)
 
@@ -584,12 +713,12 @@ class SimClient:
         self._next_attempt()
 
     # ------------------------------------------------------------------ keep-alive
-    def _start_keeping(self, session: ClientSession) -> object:
-        self.proc.later(0.0, lambda: self._keep_tick(session))
+    def _start_keeping(self, session: ClientSession, address: str) -> object:
+        self.proc.later(0.0, lambda: self._keep_tick(session, address))
         return session
 
-    def _keep_tick(self, session: ClientSession) -> None:
-        """One step of ``keepalive.keep_session_alive``."""
+    def _keep_tick(self, session: ClientSession, address: str) -> None:
+        """One step of ``keepalive.keep_session_alive`` (the session with ``address``)."""
         if session.idle():
             return
         if not session.live():
@@ -598,21 +727,21 @@ class SimClient:
         now = self.clock()
         due = session.answered_at + session.interval()
         if now < due:
-            self.proc.later(due - now, lambda: self._keep_tick(session))
+            self.proc.later(due - now, lambda: self._keep_tick(session, address))
             return
-        conn = self.ka_conn
+        conn = self.ka_conns.get(address)
         if conn is None or conn.gone or conn.session is not session:
 
             def connected(conn: ClientConn | None, refused: bool) -> None:
                 if conn is None:
                     if refused:
                         session.refused()
-                    self.proc.later(0.25, lambda: self._keep_tick(session))
+                    self.proc.later(0.25, lambda: self._keep_tick(session, address))
                     return
-                self.ka_conn = conn
-                self._keep_tick(session)
+                self.ka_conns[address] = conn
+                self._keep_tick(session, address)
 
-            self.connect(connected)
+            self.dial(address, connected)
             return
         left = session.deadline() - self.clock()
         timeout = max(0.1, min(10.0, left))
@@ -630,25 +759,33 @@ class SimClient:
                     and core.grant.run is not None
                     and session.run == core.grant.run  # (a restart's session renews none)
                     and attempt.granted_t is not None
+                    and not attempt.confirming
                 ):
                     attempt.keepalive_t.append((self.global_t(sent), self.loop.now))
             elif reply is not None:
                 session.end("the server refused its keep-alive")
-            self._keep_tick(session)
+            self._keep_tick(session, address)
 
         conn.request(Command.PING, _requests.encode_keepalive(session.id), timeout, answered)
 
 
 class _Holding:
-    """A held lock as its session sees it (``_session.Holder``)."""
+    """A lock as its session sees it (``_session.Holder``; ``AsyncHolding.holds``)."""
 
     def __init__(self, client: SimClient, core: LockCore) -> None:
         self.client = client
         self.core = core
+        self.waiting = False
+        """An acquire that may wait is in flight."""
 
     def poke(self) -> None:
         self.client.proc.later(0.0, self.client._renew_tick)  # pyright: ignore[reportPrivateUsage]
 
     def holds(self) -> bool:
         core = self.core
-        return self.client.core is core and core.state is LockState.HELD and not core.lost
+        if self.client.core is not core:
+            return False
+        state = core.state
+        return (state is LockState.HELD and not core.lost) or (
+            state is LockState.ENQUEUED or self.waiting
+        )

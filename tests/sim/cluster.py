@@ -11,13 +11,15 @@ Keys are few, two by two on one shard of the 8192 (``KEY_PAIRS``); two or three 
 cluster at the start, and a spare may join (and one leave) later, so shards move: handovers,
 key-level moves (splits, ``error_ask`` with tickets), failovers, releases on a graceful leave.
 
+The members run with client sessions (the server's default ``--session-ttl``): each client
+keeps one session per member, as the product's pool does (``clusterclient``).
+
 The faults (``CLUSTER_FAULTS``), chosen from the seed: a member killed and restarted in place
 (``member_kill``; ``member_reboot`` also steps its wall clock and starts a new boot), paused
 (now and then longer than its etcd lease: it must fence itself), cut off from etcd, etcd
-stalled or out, a member leaving gracefully or joining, and the clients' faults (killed,
-paused, cut off; an old ask ticket replayed). A connection reset is not one of them: a
-cluster's clients keep no client session (``clusterclient``), and without one a reset frees
-the connection's grants at once by design (docs/protocol.md), before its holder can know.
+stalled or out, a member leaving gracefully or joining, a connection of a member reset (its
+grants kept by their client session while the holder reattaches), and the clients' faults
+(killed, paused, cut off; an old ask ticket replayed).
 
 What is the simulator's own (mirrored, not the product's): the threads' loops around the steps
 (``SimMember._tick``/``_news``: the node's thread steps every ``NODE_STEP_S`` and soon after
@@ -99,6 +101,7 @@ CLUSTER_FAULTS = (
     "kill",
     "pause",
     "partition",
+    "reset",
     "quiet",
     "quiet",
 )
@@ -302,7 +305,7 @@ class ClusterRun:
         self.clients: list[SimClient] = []
         self.verdict = Verdict(loop, self.clients)
         rng = loop.rng
-        self.config = ServerConfig(default_lease=12, max_lease=20, session_ttl=0)
+        self.config = ServerConfig(default_lease=12, max_lease=20)
         self.mutations = Mutations()
         if mutation is not None:
             if mutation.scenario is not None:
@@ -442,6 +445,15 @@ class ClusterRun:
             client.proc.pause(rng.choice([rng.uniform(0.2, 3.0), rng.uniform(3.0, 30.0)]))
         elif fault == "partition":
             self.net.partition(client.name, rng.choice([rng.uniform(0.5, 4.0), rng.uniform(4, 40)]))
+        elif fault == "reset" and member is not None and member.server is not None:
+            server = member.server
+            conns = list(server.conns.values())
+            if conns:
+                conn, _ = rng.choice(conns)
+                loop.note(f"nemesis: reset connection {conn.id} of {member.name}")
+                conn.close_by_server(reset=True)
+                member.proc.run(lambda: server.closed(conn, reset=True))
+            done = bool(conns)
         else:
             done = fault == "quiet"
         if done:

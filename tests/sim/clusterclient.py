@@ -6,9 +6,10 @@ it follows ``error_moved``, ``error_unavailable``, ``error_ask <member> <ticket>
 ``asking``, a member that cannot be reached, the pauses), ``ClusterMap`` (the ``shards`` reply
 parsed, a key's shard and member). The shell around them is the simulator's, written after
 ``celery_dflock/client/_async/lock.py`` (``_grant_routed``, ``_reroute``) and
-``routing.py`` (``refresh_map``); renewal, reattach and release are ``SimClient``'s, sent to the
-member that granted. A cluster's clients keep no client session (its members run with
-``--session-ttl 0``): a grant lives by its lease and its connection.
+``routing.py`` (``refresh_map``); renewal, reattach, release, the client session with each
+member (joined by every connection to it, kept alive while a lock holds or waits on it) and a
+grant's confirmation after its session ended are ``SimClient``'s, sent to the member that
+granted.
 
 A client fault of its own: now and then an acquire of a key whose shard moves (by its cached
 map; such a key is chosen then) goes to the shard's target with ``asking`` and a ticket that is
@@ -30,7 +31,7 @@ from celery_dflock.client._settings import ClientSettings
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable
 from tests.faults.history import Hold
-from tests.sim.client import Attempt, ClientConn, SimClient
+from tests.sim.client import ClientConn, SimClient
 from tests.sim.loop import Loop
 from tests.sim.process import Process
 
@@ -98,27 +99,24 @@ class ClusterClient(SimClient):
         self.conns = {}
 
     # ------------------------------------------------------------------ connections
-    def connect(self, done: Callable[[ClientConn | None, bool], None]) -> None:
-        """A connection to the member the lock's requests go to (``core.endpoint``)."""
+    def server_address(self) -> str:
+        """The member the lock's requests go to (``core.endpoint``)."""
         core = self.core
-        self.aim = core.endpoint.address if core is not None else self.aim
-        super().connect(done)
+        return core.endpoint.address if core is not None else self.aim
 
     def _checkout(self, address: str, done: Callable[[ClientConn | None, bool], None]) -> None:
-        """A connection to ``address``: the open one, else a new one."""
+        """A connection to ``address``: the open one (`_reusable`), else a new one."""
         conn = self.conns.get(address)
-        if conn is not None and not conn.gone:
+        if conn is not None and self._reusable(conn):
             done(conn, False)
             return
 
         def made(conn: ClientConn | None, refused: bool) -> None:
             if conn is not None:
-                conn.address = address
                 self.conns[address] = conn
             done(conn, refused)
 
-        self.aim = address
-        super().connect(made)
+        self.dial(address, made)
 
     # ------------------------------------------------------------------ acquire
     def _acquire(self) -> None:
@@ -133,11 +131,9 @@ class ClusterClient(SimClient):
         core = LockCore(
             key, self.settings, acquire_timeout_s=timeout, lease_ttl_s=lease, router=self.router
         )
-        core.grant.clock = self.clock
         core.routing.clock = self.clock
         core.routing.jitter = rng.random
-        self.core = core
-        self.attempt = Attempt(key, self.loop.now, lease or 12)
+        self._begin(core, lease)
         core.begin_acquire()
         if forged:
             self._forge_asking(core)
@@ -290,10 +286,12 @@ class ClusterClient(SimClient):
         command, data, timeout = core.acquire_request(self.info)
         sent = self.clock()
         self.loop.note(f"{self.name}: {data!r} to {core.endpoint.address}")
+        self._keep_while_waiting(conn, core.routing.acquire_timeout_s > 0)
 
         def answered(reply: Reply | None) -> None:
             if self.core is not core:
                 return
+            self._keep_while_waiting(conn, False)
             if reply is None:
                 self._reroute(core, "no answer")
                 return
@@ -329,7 +327,7 @@ class ClusterClient(SimClient):
                 self._pause_then(core, step.pause_s, lambda: self._refresh(core, then))
                 return
             try:
-                held = core.on_grant_reply(command, reply, sent, self.info, None)
+                held = core.on_grant_reply(command, reply, sent, self.info, conn.session)
             except DflockError:
                 self._end(core, "error")
                 return
@@ -338,6 +336,6 @@ class ClusterClient(SimClient):
                 self._finish("timeout")
                 return
             self.conn = conn
-            self._granted(conn, core)
+            self._start_renewing(conn, core)
 
         conn.request(command, data, timeout, answered)

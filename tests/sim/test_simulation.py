@@ -47,7 +47,7 @@ FAULTS = (
     "disk_full", "disk_failing", "dir_fsync_failing", "directory fsync failed", "read timeout",
     "write failed", "fsync failed", "grant undone",
     "journal recovered", "compaction", "compaction failed", "restored", "page cache lost",
-    "torn tail read",
+    "torn tail read", "reattached", "grant confirmed", "grant not confirmed",
 )  # fmt: skip
 """What the seeds do (``Result.seen``): each happens within the first 30 seeds."""
 
@@ -74,10 +74,10 @@ def test_every_cluster_seed_of_the_budget_keeps_the_contracts(
 
 CLUSTER_FAULTS = (
     "member_kill", "member_reboot", "member_pause", "etcd_partition", "etcd_stall",
-    "etcd_outage", "member_leave", "member_join", "kill", "pause", "partition",
-    "ticket replayed", "etcd lease expired", "etcd answer lost", "member fenced itself",
-    "handover", "failover", "released takeover", "error_ask", "asking admitted",
-    "asking refused", "redirected", "map read", "lease bound published",
+    "etcd_outage", "member_leave", "member_join", "kill", "pause", "partition", "reset",
+    "ticket replayed", "etcd lease expired", "etcd answer lost",
+    "member fenced itself", "handover", "failover", "released takeover", "error_ask",
+    "asking admitted", "asking refused", "redirected", "map read", "lease bound published",
 )  # fmt: skip
 """What a cluster's seeds do (``Result.seen``): each happens within the budget's seeds."""
 

@@ -5,6 +5,8 @@ invariants checked as the run goes and the history checker's at its end.
   granted it), and no client still believes it holds the key.
 - Every tenth of a second (the run's ``audit``): no client believes in a grant its server no
   longer holds; the run says which server a client holds from and whether it holds the grant.
+  A grant being confirmed (its session ended while it waited) is not believed yet: its
+  acquire has not returned.
 - At the end: the holds and the cuts (``tests.faults.history``) judged by ``check_history``,
   a client still holding counted as killed then.
 """
@@ -66,7 +68,10 @@ class Verdict:
                 and core.state is LockState.HELD
                 and core.grant.token != token
                 and core.owned()
-                and not (client.attempt is not None and client.attempt.released_t is not None)
+                and not (
+                    client.attempt is not None
+                    and (client.attempt.released_t is not None or client.attempt.confirming)
+                )
             ):
                 source = "" if by is None else f" from {core.endpoint.address}"
                 self.violation(
@@ -87,6 +92,7 @@ class Verdict:
                 and core.grant.token is not None
                 and attempt is not None
                 and attempt.released_t is None
+                and not attempt.confirming
                 and (client.name, core.grant.token) not in self.told
                 and core.owned()
             ):
