@@ -9,14 +9,16 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from celery_dflock.client.clients import Client
-from dflockd_server.cluster.ops import pin, unpin
+from dflockd_server.cluster.etcd import EtcdError
+from dflockd_server.cluster.ops import ClusterOpError, pin, unpin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
 from tests.support.fleet import Fleet, Member
@@ -314,6 +316,20 @@ def test_session_holders_under_random_moves_pauses_and_restarts_never_overlap(
                         Belief(key, f"h{index}", fence, asked, granted, owned_t, released)
                     )
 
+    def operate(change: Callable[[], object]) -> None:
+        """An operator's pin or unpin, tried again as an operator would while etcd catches up
+        after a pause, a member re-registers after its own, or a member writes the map."""
+
+        def tried() -> bool:
+            try:
+                change()
+            except (EtcdError, ClusterOpError) as exc:
+                print(f"{time.monotonic():.2f} the operator tries again: {exc}")
+                return False
+            return True
+
+        wait_until(tried, timeout=WAIT_S, what="the operator's change written")
+
     threads = [threading.Thread(target=holder, args=(i,), daemon=True) for i in range(4)]
     for thread in threads:
         thread.start()
@@ -322,11 +338,12 @@ def test_session_holders_under_random_moves_pauses_and_restarts_never_overlap(
             choice = rng.choice(["pin", "unpin", "pause", "kill", "etcd"])
             member = rng.choice(members)
             if choice == "pin":
-                pin(fleet.etcd, fleet.prefix, shard_id(rng.choice(keys)), member.advertise)
+                shard = shard_id(rng.choice(keys))
+                operate(partial(pin, fleet.etcd, fleet.prefix, shard, member.advertise))
             elif choice == "unpin":
                 shard = shard_id(rng.choice(keys))
                 if shard in fleet.view().shard_map.pinned_shards():
-                    unpin(fleet.etcd, fleet.prefix, shard)
+                    operate(partial(unpin, fleet.etcd, fleet.prefix, shard))
             elif choice == "pause":
                 with member.paused():
                     time.sleep(rng.uniform(1, MEMBER_LEASE_S + LEASE_S + 3))
