@@ -96,7 +96,11 @@ class AsyncConnection:
                         " byte(s) nobody asked for after a reply; the connection was closed"
                     )
             except BaseException as exc:
-                if isinstance(exc, OSError | DflockError) or not self._reap(command, data, timeout):
+                if isinstance(exc, OSError | DflockError):
+                    self.close(abort=True)
+                    if command in MAY_GRANT and self.session is not None:
+                        self.session.retire()  # a grant may have been made: nobody has its token
+                elif not self._reap(command, data, timeout):
                     self.close(abort=True)
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc

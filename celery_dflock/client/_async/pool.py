@@ -88,7 +88,7 @@ class AsyncConnectionPool:
             session = conn.session
             if (
                 time.monotonic() - conn.last_used <= self._max_idle_time_s
-                and (session is None or session.live())
+                and (session is None or session.joinable())
                 and await conn.is_reusable()
             ):
                 with self._mutex:

@@ -90,7 +90,7 @@ class ConnectionPool:
             session = conn.session
             if (
                 time.monotonic() - conn.last_used <= self._max_idle_time_s
-                and (session is None or session.live())
+                and (session is None or session.joinable())
                 and conn.is_reusable()
             ):
                 with self._mutex:

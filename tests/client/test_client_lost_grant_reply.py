@@ -1,0 +1,71 @@
+"""An acquire whose reply is lost (its connection reset after the server granted the key, the
+reply not yet read): the grant belongs to the client's session, and nobody knows its token. The
+client stops using that session for new connections, so the locks it takes later do not keep
+that grant alive: the session ends once the locks held on it then are let go, and the key with
+it. (Before, every later lock joined the same session and its keep-alives kept the key held
+for as long as the process held any lock.)"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from celery_dflock import Client, DistributedLock, DistributedSemaphore, ServerUnavailable
+from dflockd_server.testing import ServerThread
+from tests.support.proxy import FaultProxy
+from tests.support.waiting import wait_until
+from tests.support.wire import holders_and_waiters
+
+SESSION_S = 2
+"""The client's session time: the orphaned grant ends this long after its session's last
+keep-alive."""
+FREED_WITHIN_S = 5 * SESSION_S
+"""A rival's acquire of the key must succeed within this (without the fix: never, while the
+client holds another lock)."""
+
+
+@pytest.mark.parametrize("semaphore", [False, True], ids=["lock", "semaphore"])
+def test_a_grant_whose_reply_was_lost_is_not_kept_by_later_locks(
+    dflock_server: ServerThread, semaphore: bool
+) -> None:
+    address = dflock_server.address
+    with (
+        FaultProxy(address).start() as proxy,
+        Client([proxy.address], session_ttl_s=SESSION_S) as client,
+    ):
+
+        def make(key: str) -> DistributedLock | DistributedSemaphore:
+            return client.semaphore(key, 1) if semaphore else client.lock(key)
+
+        keeper = make("keeper")
+        assert keeper.acquire()  # keeps the client's session alive
+        lock = make("k")
+        held = proxy.hold_reply_after(b"\nk\n")
+        raised: list[BaseException] = []
+
+        def acquire() -> None:
+            try:
+                lock.acquire()
+            except ServerUnavailable as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        assert held.wait(10)
+        wait_until(
+            lambda: holders_and_waiters(address, "k", semaphore)[0] == 1, what="the key granted"
+        )
+        proxy.reset()  # the grant's reply never arrives
+        thread.join(30)
+        assert raised, "the acquire did not fail"
+        assert not lock.locked()
+        assert keeper.owned() and keeper.renew()  # the fault costs the held lock nothing
+        assert keeper.release()
+        later = make("later")
+        assert later.acquire()  # a lock taken after the fault, held while the rival waits
+        with Client([address], acquire_timeout_s=FREED_WITHIN_S) as rival:
+            other = rival.semaphore("k", 1) if semaphore else rival.lock("k")
+            assert other.acquire(), "the grant whose reply was lost is held by nobody"
+            assert other.release()
+        assert later.owned() and later.release()
