@@ -165,39 +165,64 @@ class LockBase:
         held; False on timeout, the queue position given up."""
         holding, core = self._holding, self._core
         holding.forked()
-        with holding.op_lock:
-            if core.state is LockState.HELD:
-                return True
-            command, data, timeout = core.wait_request(timeout_s)
-            conn, holding.conn = holding.conn, None
-            assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
-            holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
-            sent = time.monotonic()
-            try:
+        held = None  # held before this call (None: not known yet)
+        try:
+            with holding.op_lock:
+                if held := core.state is LockState.HELD:
+                    return True
+                command, data, timeout = core.wait_request(timeout_s)
+                conn, holding.conn = holding.conn, None
+                assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
+                holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
+                sent = time.monotonic()
                 try:
-                    reply = conn.request(command, data, timeout)
-                finally:
-                    holding.keep_while_waiting(conn, False)
-                granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
-            except BaseException:
-                core.reset()
-                conn.close()
-                raise
-            if granted:
-                return holding.start_renewing(conn)
-            conn.close()  # leave the queue for sure
-            return False
+                    try:
+                        reply = conn.request(command, data, timeout)
+                    finally:
+                        holding.keep_while_waiting(conn, False)
+                    granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
+                except BaseException:
+                    if core.locked():  # granted: its connection closed by `_drop_interrupted`
+                        holding.conn = conn
+                    else:
+                        core.reset()
+                        conn.close()
+                    raise
+                if granted:
+                    return holding.start_renewing(conn)
+                conn.close()  # leave the queue for sure
+                return False
+        except BaseException:
+            if held is False:
+                self._drop_interrupted()
+            raise
 
     def _grant(self, build: Build, *, keep: bool = True) -> bool:
         """An acquire or enqueue of ``build``'s request; not ``keep``: a detached hold."""
         holding = self._holding
         holding.forked()
-        with holding.op_lock:
-            self._core.begin_acquire()
-            try:
-                return self._grant_routed(build, keep)
-            finally:
-                self._core.routing.end_acquire()
+        held = None  # held before this call (None: not known yet)
+        try:
+            with holding.op_lock:
+                held = self._core.state is LockState.HELD  # (then refused: not ours to drop)
+                self._core.begin_acquire()
+                try:
+                    return self._grant_routed(build, keep)
+                finally:
+                    self._core.routing.end_acquire()
+        except BaseException:
+            if held is False:
+                self._drop_interrupted()
+            raise
+
+    def _drop_interrupted(self) -> None:
+        """An acquire or wait interrupted once granted (a signal's exception, a cancellation):
+        nobody would release the grant, so it is released in the background."""
+        holding = self._holding
+        if self._core.state is LockState.HELD:
+            holding.driver.stop()
+            with holding.op_lock:
+                holding.abandon()
 
     def _grant_routed(self, build: Build, keep: bool) -> bool:
         """`_grant`, following a cluster's redirects (operation lock held)."""
