@@ -1,9 +1,9 @@
-"""An acquire whose reply is lost (its connection reset after the server granted the key, the
-reply not yet read): the grant belongs to the client's session, and nobody knows its token. The
-client stops using that session for new connections, so the locks it takes later do not keep
-that grant alive: the session ends once the locks held on it then are let go, and the key with
-it. (Before, every later lock joined the same session and its keep-alives kept the key held
-for as long as the process held any lock.)"""
+"""An acquire whose reply is lost (its connection reset after the server granted the key, or
+the process interrupted just as it read the reply): the grant belongs to the client's session,
+and nobody knows its token. The client stops using that session for new connections, so the
+locks it takes later do not keep that grant alive: the session ends once the locks held on it
+then are let go, and the key with it. (Before, every later lock joined the same session and
+its keep-alives kept the key held for as long as the process held any lock.)"""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import threading
 import pytest
 
 from celery_dflock import Client, DistributedLock, DistributedSemaphore, ServerUnavailable
+from celery_dflock.client._replies import Reply, ReplyParser
+from celery_dflock.client._requests import Command
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
@@ -25,10 +27,29 @@ FREED_WITHIN_S = 5 * SESSION_S
 client holds another lock)."""
 
 
+class Interrupted(Exception):
+    """What a signal handler raises in the blocked acquire (as Celery's soft time limit)."""
+
+
+@pytest.mark.parametrize("fault", ["reset", "interrupted"])
 @pytest.mark.parametrize("semaphore", [False, True], ids=["lock", "semaphore"])
 def test_a_grant_whose_reply_was_lost_is_not_kept_by_later_locks(
-    dflock_server: ServerThread, semaphore: bool
+    dflock_server: ServerThread, monkeypatch: pytest.MonkeyPatch, semaphore: bool, fault: str
 ) -> None:
+    """``reset``: the connection reset before the reply came; ``interrupted``: a signal's
+    exception raised just after the reply's bytes were read from the socket, before they
+    were parsed (no leftover to read: the reply is gone)."""
+    armed: list[bool] = []
+    feed_reply = ReplyParser.feed_reply
+
+    def interrupted_after_recv(parser: ReplyParser, command: Command, data: bytes) -> Reply | None:
+        if armed and command in {Command.LOCK, Command.SEM_LOCK}:
+            armed.clear()
+            raise Interrupted
+        return feed_reply(parser, command, data)
+
+    monkeypatch.setattr(ReplyParser, "feed_reply", interrupted_after_recv)
+    expected = Interrupted if fault == "interrupted" else ServerUnavailable
     address = dflock_server.address
     with (
         FaultProxy(address).start() as proxy,
@@ -41,23 +62,28 @@ def test_a_grant_whose_reply_was_lost_is_not_kept_by_later_locks(
         keeper = make("keeper")
         assert keeper.acquire()  # keeps the client's session alive
         lock = make("k")
-        held = proxy.hold_reply_after(b"\nk\n")
         raised: list[BaseException] = []
 
         def acquire() -> None:
             try:
                 lock.acquire()
-            except ServerUnavailable as exc:
+            except expected as exc:
                 raised.append(exc)
 
-        thread = threading.Thread(target=acquire)
-        thread.start()
-        assert held.wait(10)
-        wait_until(
-            lambda: holders_and_waiters(address, "k", semaphore)[0] == 1, what="the key granted"
-        )
-        proxy.reset()  # the grant's reply never arrives
-        thread.join(30)
+        if fault == "interrupted":
+            armed.append(True)
+            acquire()
+        else:
+            held = proxy.hold_reply_after(b"\nk\n")
+            thread = threading.Thread(target=acquire)
+            thread.start()
+            assert held.wait(10)
+            wait_until(
+                lambda: holders_and_waiters(address, "k", semaphore)[0] == 1,
+                what="the key granted",
+            )
+            proxy.reset()  # the grant's reply never arrives
+            thread.join(30)
         assert raised, "the acquire did not fail"
         assert not lock.locked()
         assert keeper.owned() and keeper.renew()  # the fault costs the held lock nothing

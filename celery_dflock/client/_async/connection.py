@@ -96,12 +96,13 @@ class AsyncConnection:
                         " byte(s) nobody asked for after a reply; the connection was closed"
                     )
             except BaseException as exc:
-                if isinstance(exc, OSError | DflockError):
+                if isinstance(exc, OSError | DflockError) or not self._reap(command, data, timeout):
                     self.close(abort=True)
-                    if command in MAY_GRANT and self.session is not None:
-                        self.session.retire()  # a grant may have been made: nobody has its token
-                elif not self._reap(command, data, timeout):
-                    self.close(abort=True)
+                # A failure, or a signal's exception (which, unlike a cancellation, may come
+                # between a reply's read and its parse): a grant may be lost to its session.
+                lost = isinstance(exc, Exception | KeyboardInterrupt | SystemExit)
+                if lost and command in MAY_GRANT and self.session is not None:
+                    self.session.retire()
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
                 raise
