@@ -183,6 +183,12 @@ class Sessions:
             mine[endpoint.address] = (endpoint, session)
         return session
 
+    def retire(self, endpoint: Endpoint) -> None:
+        """`ClientSession.retire` the current session with ``endpoint``, if any."""
+        _, session = self._mine().get(endpoint.address, (endpoint, None))
+        if session is not None:
+            session.retire()
+
     def unheld(self) -> list[tuple[Endpoint, ClientSession]]:
         """The live sessions that hold no lock of this process, forgotten here (to end)."""
         mine = self._mine()

@@ -12,8 +12,9 @@ import threading
 import pytest
 
 from celery_dflock import Client, DistributedLock, DistributedSemaphore, ServerUnavailable
-from celery_dflock.client._replies import Reply, ReplyParser
+from celery_dflock.client._replies import Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
+from celery_dflock.client._router import KeyRoute
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
@@ -31,14 +32,15 @@ class Interrupted(Exception):
     """What a signal handler raises in the blocked acquire (as Celery's soft time limit)."""
 
 
-@pytest.mark.parametrize("fault", ["reset", "interrupted"])
+@pytest.mark.parametrize("fault", ["reset", "interrupted", "interrupted-after-parse"])
 @pytest.mark.parametrize("semaphore", [False, True], ids=["lock", "semaphore"])
 def test_a_grant_whose_reply_was_lost_is_not_kept_by_later_locks(
     dflock_server: ServerThread, monkeypatch: pytest.MonkeyPatch, semaphore: bool, fault: str
 ) -> None:
     """``reset``: the connection reset before the reply came; ``interrupted``: a signal's
     exception raised just after the reply's bytes were read from the socket, before they
-    were parsed (no leftover to read: the reply is gone)."""
+    were parsed (no leftover to read: the reply is gone); ``interrupted-after-parse``: just
+    after it was parsed, before the lock took the grant."""
     armed: list[bool] = []
     feed_reply = ReplyParser.feed_reply
 
@@ -48,8 +50,18 @@ def test_a_grant_whose_reply_was_lost_is_not_kept_by_later_locks(
             raise Interrupted
         return feed_reply(parser, command, data)
 
-    monkeypatch.setattr(ReplyParser, "feed_reply", interrupted_after_recv)
-    expected = Interrupted if fault == "interrupted" else ServerUnavailable
+    def interrupted_after_parse(reply: Reply) -> bool:
+        if armed and isinstance(reply, Granted):
+            armed.clear()
+            raise Interrupted
+        return redirected(reply)
+
+    redirected = KeyRoute.redirected
+    if fault == "interrupted":
+        monkeypatch.setattr(ReplyParser, "feed_reply", interrupted_after_recv)
+    else:
+        monkeypatch.setattr(KeyRoute, "redirected", staticmethod(interrupted_after_parse))
+    expected = ServerUnavailable if fault == "reset" else Interrupted
     address = dflock_server.address
     with (
         FaultProxy(address).start() as proxy,
@@ -70,7 +82,7 @@ def test_a_grant_whose_reply_was_lost_is_not_kept_by_later_locks(
             except expected as exc:
                 raised.append(exc)
 
-        if fault == "interrupted":
+        if fault != "reset":
             armed.append(True)
             acquire()
         else:

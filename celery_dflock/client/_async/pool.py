@@ -104,6 +104,11 @@ class AsyncConnectionPool:
                 self._servers[endpoint] = conn.server
         return conn
 
+    @property
+    def sessions(self) -> Sessions:
+        self._check_fork()
+        return self._sessions
+
     async def checkin(self, conn: AsyncConnection) -> None:
         """Give a connection back (closed, busy or foreign ones are dropped)."""
         self._check_fork()

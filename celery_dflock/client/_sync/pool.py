@@ -106,6 +106,11 @@ class ConnectionPool:
                 self._servers[endpoint] = conn.server
         return conn
 
+    @property
+    def sessions(self) -> Sessions:
+        self._check_fork()
+        return self._sessions
+
     def checkin(self, conn: Connection) -> None:
         """Give a connection back (closed, busy or foreign ones are dropped)."""
         self._check_fork()
