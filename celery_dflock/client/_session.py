@@ -53,6 +53,8 @@ class ClientSession:
         self.renewed_at = -math.inf
         self.renewal_answered_at = math.inf  # when that keep-alive's answer came
         self.ended = ""  # why it is over ("" while it may live)
+        # No new connection joins it: it may hold a grant whose reply was lost (`retire`).
+        self.retired = False
         self.durable = False  # the server journals leases (not sessions)
         self.run: str | None = None  # the server run it was joined on: its grants renew
         # A durable server found not running ends nothing: only the leases bound the grants.
@@ -77,6 +79,17 @@ class ClientSession:
             self.end("it was not kept alive in time (no answer from the server)")
             return False
         return True
+
+    def joinable(self) -> bool:
+        """Live and not retired: a new connection may join it."""
+        return not self.retired and self.live()
+
+    def retire(self) -> None:
+        """A request that may grant failed with its reply unread: the server may hold a grant
+        on this session that nobody knows the token of, which its keep-alives would keep. New
+        connections join a new session from now on; this one lives while the locks on it hold,
+        then ends by its time, and that grant with it."""
+        self.retired = True
 
     def answered(self, sent_at: float, *, renewed: bool = False) -> None:
         """The server answered a join or (``renewed``) a keep-alive sent at ``sent_at``; after
@@ -165,10 +178,16 @@ class Sessions:
     def current(self, endpoint: Endpoint, ttl: int) -> ClientSession:
         mine = self._mine()
         _, session = mine.get(endpoint.address, (endpoint, None))
-        if session is None or not session.live() or session.ttl != ttl:
+        if session is None or not session.joinable() or session.ttl != ttl:
             session = ClientSession(ttl)
             mine[endpoint.address] = (endpoint, session)
         return session
+
+    def retire(self, endpoint: Endpoint) -> None:
+        """`ClientSession.retire` the current session with ``endpoint``, if any."""
+        _, session = self._mine().get(endpoint.address, (endpoint, None))
+        if session is not None:
+            session.retire()
 
     def unheld(self) -> list[tuple[Endpoint, ClientSession]]:
         """The live sessions that hold no lock of this process, forgotten here (to end)."""

@@ -13,10 +13,13 @@ import ssl
 import threading
 from collections.abc import AsyncIterator, Callable
 from types import FrameType
+from typing import cast
 
 import pytest
 
 from celery_dflock import AsyncClient, AsyncConnectionPool, Client, ConnectionPool
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._sync.held import Holding
 from dflockd_server.testing import ServerThread
 from tests.client.faces import ASYNCIO, BLOCKING, Face, Maker, until
 from tests.support.waiting import wait_until
@@ -206,3 +209,52 @@ async def test_over_tls_a_wait_cancelled_after_its_grant_leaves_no_held_key(
             assert await rival.acquire(), "the interrupted acquire's grant is held by nobody"
             assert await rival.release()
             assert await other.release()
+
+
+@pytest.mark.parametrize("two_phase", [False, True], ids=["acquire", "enqueue-wait"])
+@pytest.mark.parametrize("after", ["on_grant_reply", "start_renewing"])
+def test_an_acquire_interrupted_once_it_read_its_grant_leaves_no_held_key(
+    dflock_server: ServerThread, monkeypatch: pytest.MonkeyPatch, two_phase: bool, after: str
+) -> None:
+    """The interruption (a signal's exception: Ctrl-C, a soft time limit) comes after the
+    reply was read: the lock was held, with nobody to release it (a ``with`` block's
+    ``__exit__`` is not called when ``__enter__`` raises), renewed by its own renewal or its
+    session's keep-alives for as long as the process lived. It is released in the
+    background, as an interrupted release's grant is."""
+    owner = LockCore if after == "on_grant_reply" else Holding
+    original = getattr(owner, after)
+    armed: list[bool] = []
+
+    def interrupted_after(self: object, *args: object, **kwargs: object) -> object:
+        result = original(self, *args, **kwargs)
+        core = self if isinstance(self, LockCore) else cast(Holding, self).core
+        if core.key == "k" and armed:
+            armed.clear()
+            raise Interrupted
+        return result
+
+    monkeypatch.setattr(owner, after, interrupted_after)
+    with Client([dflock_server.address]) as client:
+        other = client.lock("other")
+        assert other.acquire()  # keeps the client's session alive
+        lock = client.lock("k", acquire_timeout_s=30)
+        if two_phase:
+            with Wire(dflock_server.address) as holder:
+                status, token, _ = holder.req("l", "k", "0").split()
+                assert status == "ok"
+                assert lock.enqueue() == "queued"
+                assert holder.req("r", "k", token) == "ok"
+                armed.append(True)
+                with pytest.raises(Interrupted):
+                    lock.wait()
+        else:
+            armed.append(True)
+            with pytest.raises(Interrupted), lock:
+                pytest.fail("the body ran")
+        assert not armed, "not interrupted"
+        assert not lock.locked()
+        with Client([dflock_server.address], acquire_timeout_s=FREED_WITHIN_S) as rival:
+            taken = rival.lock("k")
+            assert taken.acquire(), "the interrupted acquire's grant is held by nobody"
+            assert taken.release()
+        assert other.release()

@@ -99,6 +99,11 @@ class AsyncConnection:
                 reap = isinstance(exc, TimeoutError) or not isinstance(exc, OSError | DflockError)
                 if not (reap and self._reap(command, data, timeout)):
                     self.close(abort=True)
+                # A failure, or a signal's exception (which, unlike a cancellation, may come
+                # between a reply's read and its parse): a grant may be lost to its session.
+                lost = isinstance(exc, Exception | KeyboardInterrupt | SystemExit)
+                if lost and command in MAY_GRANT and self.session is not None:
+                    self.session.retire()
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
                 raise

@@ -88,7 +88,7 @@ class AsyncConnectionPool:
             session = conn.session
             if (
                 time.monotonic() - conn.last_used <= self._max_idle_time_s
-                and (session is None or session.live())
+                and (session is None or session.joinable())
                 and await conn.is_reusable()
             ):
                 with self._mutex:
@@ -103,6 +103,11 @@ class AsyncConnectionPool:
             if conn.server is not None:
                 self._servers[endpoint] = conn.server
         return conn
+
+    @property
+    def sessions(self) -> Sessions:
+        self._check_fork()
+        return self._sessions
 
     async def checkin(self, conn: AsyncConnection) -> None:
         """Give a connection back (closed, busy or foreign ones are dropped)."""

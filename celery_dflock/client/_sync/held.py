@@ -145,6 +145,13 @@ class Holding:
             return self._pool.server_info(endpoint.host, endpoint.port)
         return self._server if self._server_at == endpoint else None
 
+    def retire_session(self) -> None:
+        """An acquire interrupted before the lock took a grant the server may have sent: the
+        session it may be in is joined by no new connection (`ClientSession.retire`)."""
+        sessions = self._sessions if self._pool is None else self._pool.sessions
+        if sessions is not None:
+            sessions.retire(self.core.endpoint)
+
     def poke(self) -> None:
         """The grant's client session is over: renew now to learn whether it is lost."""
         self.driver.poke()

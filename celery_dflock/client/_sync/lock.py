@@ -166,41 +166,71 @@ class LockBase:
         held; False on timeout, the queue position given up."""
         holding, core = self._holding, self._core
         holding.forked()
-        with holding.op_lock:
-            if core.state is LockState.HELD:
-                return True
-            command, data, timeout = core.wait_request(timeout_s)
-            conn, holding.conn = holding.conn, None
-            assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
-            holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
-            sent = time.monotonic()
-            try:
+        held = None  # held before this call (None: not known yet)
+        try:
+            with holding.op_lock:
+                if held := core.state is LockState.HELD:
+                    return True
+                command, data, timeout = core.wait_request(timeout_s)
+                conn, holding.conn = holding.conn, None
+                assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
+                holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
+                sent = time.monotonic()
                 try:
-                    reply = conn.request(command, data, timeout)
-                finally:
-                    holding.keep_while_waiting(conn, False)
-                if isinstance(reply, TimedOut):
-                    conn.learn_grace()
-                granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
-            except BaseException:
-                core.reset()
-                conn.close()
-                raise
-            if granted:
-                return holding.start_renewing(conn)
-            conn.close()  # leave the queue for sure
-            return False
+                    try:
+                        reply = conn.request(command, data, timeout)
+                    finally:
+                        holding.keep_while_waiting(conn, False)
+                    if isinstance(reply, TimedOut):
+                        conn.learn_grace()
+                    granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
+                except BaseException:
+                    if core.locked():  # granted: its connection closed by `_drop_interrupted`
+                        holding.conn = conn
+                    else:
+                        core.reset()
+                        conn.close()
+                    raise
+                if granted:
+                    return holding.start_renewing(conn)
+                conn.close()  # leave the queue for sure
+                return False
+        except BaseException as exc:
+            if held is False:
+                self._drop_interrupted(exc)
+            raise
 
     def _grant(self, build: Build, *, keep: bool = True) -> bool:
         """An acquire or enqueue of ``build``'s request; not ``keep``: a detached hold."""
         holding = self._holding
         holding.forked()
-        with holding.op_lock:
-            self._core.begin_acquire()
-            try:
-                return self._grant_routed(build, keep)
-            finally:
-                self._core.routing.end_acquire()
+        held = None  # held before this call (None: not known yet)
+        try:
+            with holding.op_lock:
+                held = self._core.state is LockState.HELD  # (then refused: not ours to drop)
+                self._core.begin_acquire()
+                try:
+                    return self._grant_routed(build, keep)
+                finally:
+                    self._core.routing.end_acquire()
+        except BaseException as exc:
+            if held is False:
+                self._drop_interrupted(exc)
+            raise
+
+    def _drop_interrupted(self, exc: BaseException) -> None:
+        """An acquire or wait interrupted (a signal's exception, a cancellation): a grant the
+        lock holds is released in the background (nobody else would); one a signal's
+        exception may have lost between its reply's read and the lock retires its session."""
+        holding = self._holding
+        if self._core.state is LockState.HELD:
+            holding.driver.stop()
+            with holding.op_lock:
+                holding.abandon()
+        elif isinstance(exc, Exception | KeyboardInterrupt | SystemExit) and not isinstance(
+            exc, DflockError
+        ):
+            holding.retire_session()
 
     def _grant_routed(self, build: Build, keep: bool) -> bool:
         """`_grant`, following a cluster's redirects (operation lock held)."""
@@ -239,48 +269,53 @@ class LockBase:
             except ServerUnavailable as exc:
                 self._reroute(exc)
                 continue
-            if isinstance(reply, Asked) and router is not None:
-                holding.checkin(conn)
-                step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
-                if step is None:
-                    return False  # a hand-over outlasted the acquire's time (core.routing.handover)
-                if step.reroute:  # asked in a loop: read the map again, route by it
-                    router.invalidate()
+            try:  # (an interruption here, the reply read: its connection is closed)
+                if isinstance(reply, Asked) and router is not None:
+                    holding.checkin(conn)
+                    step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
+                    if step is None:
+                        return False  # a hand-over outlasted the acquire's time (routing.handover)
+                    if step.reroute:  # asked in a loop: read the map again, route by it
+                        router.invalidate()
+                        pause(step.pause_s)
+                        self._remap(router)
+                    continue
+                if core.routing.redirected(reply):
+                    if router is None:
+                        raise self._mismatch(conn, reply)
+                    holding.checkin(conn)
+                    step = core.routing.on_redirect(reply)
+                    if step is None:
+                        return False  # a hand-over outlasted the acquire's time (routing.handover)
+                    if step.reread:
+                        router.invalidate()
                     pause(step.pause_s)
-                    self._remap(router)
-                continue
-            if core.routing.redirected(reply):
-                if router is None:
-                    raise self._mismatch(conn, reply)
-                holding.checkin(conn)
-                step = core.routing.on_redirect(reply)
-                if step is None:
-                    return False  # a hand-over outlasted the acquire's time (core.routing.handover)
-                if step.reread:
-                    router.invalidate()
-                pause(step.pause_s)
-                self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
-                if step.reroute:
-                    core.routing.route()
-                continue
-            if isinstance(reply, TimedOut):
-                conn.learn_grace()
-            try:
-                granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
-            except ServerDraining as exc:
-                holding.checkin(conn)
-                self._reroute(exc)
-                continue
+                    self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
+                    if step.reroute:
+                        core.routing.route()
+                    continue
+                if isinstance(reply, TimedOut):
+                    conn.learn_grace()
+                try:
+                    granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
+                except ServerDraining as exc:
+                    holding.checkin(conn)
+                    self._reroute(exc)
+                    continue
+                except BaseException:
+                    holding.checkin(conn)
+                    raise
+                if granted and keep:
+                    granted = holding.start_renewing(conn)
+                elif core.state is LockState.ENQUEUED:
+                    holding.conn = conn
+                else:
+                    holding.checkin(conn)
+                return granted
             except BaseException:
-                holding.checkin(conn)
+                if holding.conn is not conn:
+                    conn.close()
                 raise
-            if granted and keep:
-                granted = holding.start_renewing(conn)
-            elif core.state is LockState.ENQUEUED:
-                holding.conn = conn
-            else:
-                holding.checkin(conn)
-            return granted
 
     def _refresh_map(self, router: ClusterRouter) -> None:
         holding = self._holding

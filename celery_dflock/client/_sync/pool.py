@@ -90,7 +90,7 @@ class ConnectionPool:
             session = conn.session
             if (
                 time.monotonic() - conn.last_used <= self._max_idle_time_s
-                and (session is None or session.live())
+                and (session is None or session.joinable())
                 and conn.is_reusable()
             ):
                 with self._mutex:
@@ -105,6 +105,11 @@ class ConnectionPool:
             if conn.server is not None:
                 self._servers[endpoint] = conn.server
         return conn
+
+    @property
+    def sessions(self) -> Sessions:
+        self._check_fork()
+        return self._sessions
 
     def checkin(self, conn: Connection) -> None:
         """Give a connection back (closed, busy or foreign ones are dropped)."""
