@@ -676,6 +676,32 @@ def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
     app.close()
 
 
+def test_a_delayed_publish_hold_above_the_servers_max_lease_names_the_countdown(
+    dflock_server_factory: Any,
+) -> None:
+    """A hold refused because the message's countdown is past the server's --max-lease-ttl
+    named the client's internal argument ("Ask for a shorter lease (lease_ttl)"), not what
+    the user set."""
+    from celery_dflock import InvalidValueError
+
+    server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    app = mistaken_app(dflock_servers=f"{server.host}:{server.port}", dflock_lock_pending_ttl=20)
+    app.conf.task_always_eager = False
+
+    @app.task(shared=False, base=LockedTask, lock_key="late-hold", lock_from="publish")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(InvalidValueError) as refused:
+        task.apply_async(countdown=40)
+    message = str(refused.value)
+    assert "the lease asked for (40 s) is above" in message
+    assert "(lease_ttl)" not in message, message
+    assert "Ask for a shorter lease (the message's countdown/eta" in message, message
+    app.close()
+
+
 @pytest.mark.parametrize("sent", [["lock_ttl", 60], "lock_ttl=60", 60])
 def test_a_lock_options_header_that_is_no_mapping_is_refused_naming_the_header(
     sent: object,
