@@ -374,6 +374,7 @@ def retry_hand_off(
 
 
 _Asked = TypeVar("_Asked")
+_PENDING_DEFAULT: Final = "lock_pending_ttl (dflock_lock_pending_ttl), by default"
 
 
 def _pending_leases(options: LockOptions, countdown: object, eta: object) -> tuple[int, ...]:
@@ -394,7 +395,8 @@ def _pending_leases(options: LockOptions, countdown: object, eta: object) -> tup
         tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
         delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
     delay = max(0, math.ceil(delay_s))
-    pending = options.pending_ttl
+    pending = options.pending_ttl  # (set: a Lease naming where; the default: named here)
+    pending = pending if isinstance(pending, Lease) else Lease(pending, _PENDING_DEFAULT)
     if not delay:
         return (pending,)
     due = "the message's countdown/eta"  # named by a refusal, as a setting is
