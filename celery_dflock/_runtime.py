@@ -89,30 +89,12 @@ class _Plan:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class _Keys:
-    """A task's `KeyBuilder` and what it was built for."""
-
-    builder: KeyBuilder
-    run: object  # the run function (a bound method's __func__)
-    owner: object  # a bound method's __self__, else None
-
-    def fits(self, source: object, run: object, owner: object, prefix: str) -> bool:
-        builder = self.builder
-        return (
-            _same(builder.source, source)
-            and self.run is run
-            and self.owner is owner
-            and builder.prefix == prefix
-        )
-
-
 @dataclass(slots=True)
 class TaskRuns:
     """A task's plan and key builder in one process (kept by the `Runtime`)."""
 
     plan: _Plan | None = None
-    keys: _Keys | None = None
+    keys: KeyBuilder | None = None
 
     def plan_for(self, task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> _Plan:
         """Locked or not, and the options, for a run without call options."""
@@ -125,9 +107,8 @@ class TaskRuns:
             given = bound[1]
         else:  # changed since the bind (or never bound): they enter here
             given = _read(attributes, name)
-        options = None
-        if _is_locked(task, config, attributes):
-            options = resolve_options(config, name, given, None)
+        locked = _is_locked(task, config, attributes)
+        options = resolve_options(config, name, given, None) if locked else None
         plan = self.plan = _Plan(config, attributes, given, options)
         return plan
 
@@ -135,14 +116,15 @@ class TaskRuns:
         self, task: Any, source: object, run: Callable[..., Any], prefix: str
     ) -> KeyBuilder:
         """The `KeyBuilder` for the task's runs (its signature is inspected once)."""
-        func: object = getattr(run, "__func__", run)
-        owner: object = getattr(run, "__self__", None)
         keys = self.keys
-        if keys is not None and keys.fits(source, func, owner, prefix):
-            return keys.builder
-        builder = KeyBuilder(cast("Any", source), task_name=str(task.name), run=run, prefix=prefix)
-        self.keys = _Keys(builder, func, owner)
-        return builder
+        if (
+            keys is None
+            or keys.prefix != prefix
+            or not (_same(keys.source, source) and _same(keys.run, run))
+        ):
+            keys = KeyBuilder(cast("Any", source), task_name=str(task.name), run=run, prefix=prefix)
+            self.keys = keys
+        return keys
 
 
 _CHECKED_ATTR: Final = "_dflock_checked_attributes"
@@ -170,8 +152,7 @@ def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) 
         return True
     # base=LockedTask named explicitly: always locked. Inherited only through the
     # app's task_cls: locked only with a lock option (checked above).
-    app_task_cls: Any = task._get_app().Task
-    return not isinstance(task, app_task_cls)
+    return not isinstance(task, task._get_app().Task)
 
 
 def options_for(
@@ -302,9 +283,7 @@ class HeldRecords:
             found: object = json.loads(path.read_bytes())
         except (OSError, ValueError):
             return []  # gone, or being written by a child that is alive (it is skipped)
-        if not isinstance(found, list):
-            return []
-        items = cast("list[object]", found)
+        items = cast("list[object]", found) if isinstance(found, list) else []
         return [cast("dict[str, Any]", e) for e in items if isinstance(e, dict)]
 
     def entries(self, task_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:

@@ -136,15 +136,11 @@ def check_bool(value: object, where: str) -> bool:
     return value
 
 
-def check_string(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise DflockConfigError(f"{where} must be a string, got {value!r}")
-    return value
-
-
-def check_non_empty_string(value: object, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise DflockConfigError(f"{where} must be a non-empty string, got {value!r}")
+def check_string(value: object, where: str, *, empty: bool = True) -> str:
+    """A string (``empty=False``: one with more than white space)."""
+    if not isinstance(value, str) or not (empty or value.strip()):
+        kind = "a string" if empty else "a non-empty string"
+        raise DflockConfigError(f"{where} must be {kind}, got {value!r}")
     return value
 
 
@@ -281,10 +277,16 @@ def _setting(
     return Spec(name, name, default, check, meaning, shown)
 
 
+def _option(
+    name: str, default: T, check: Check[T], meaning: str, *, app_wide: bool = True
+) -> Spec[T]:
+    """A lock option's row: its app-wide setting is its name with ``dflock_`` in front."""
+    return Spec(name, f"dflock_{name}" if app_wide else None, default, check, meaning)
+
+
 LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
-    Spec(
+    _option(
         "lock_key",
-        None,
         None,
         check_key,
         "A format template over the task's arguments (defaults applied): "
@@ -293,10 +295,10 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
         "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
         "prefix + digest).",
+        app_wide=False,
     ),
-    Spec(
+    _option(
         "lock_timeout",
-        "dflock_lock_timeout",
         None,
         check_countdown,
         "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
@@ -304,17 +306,15 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
         '`"raise"`.',
     ),
-    Spec(
+    _option(
         "lock_ttl",
-        "dflock_lock_ttl",
         None,
         check_lease,
         "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
         "`lock_ttl * dflock_renew_ratio` while the body runs.",
     ),
-    Spec(
+    _option(
         "on_locked",
-        "dflock_on_locked",
         "retry",
         one_of(get_args(OnLocked)),
         'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
@@ -322,57 +322,51 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
         '`"raise"` (the run fails with `LockNotAcquired`).',
     ),
-    Spec(
+    _option(
         "lock_limit",
-        None,
         None,
         partial(check_limit, error=DflockConfigError),
         "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
         "is one resource: while runs with one limit hold it, a run with another (a lock is "
         "limit 1) is refused at once and `on_locked` applies.",
+        app_wide=False,
     ),
-    Spec(
+    _option(
         "on_lock_lost",
-        "dflock_on_lock_lost",
         "interrupt",
         one_of(get_args(OnLockLost)),
         'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
         '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
         "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
     ),
-    Spec(
+    _option(
         "lock_retry_countdown",
-        "dflock_lock_retry_countdown",
         1.0,
         check_countdown,
         'First retry countdown of `on_locked="retry"`, doubled per retry.',
     ),
-    Spec(
+    _option(
         "lock_retry_backoff_max",
-        "dflock_lock_retry_backoff_max",
         60.0,
         check_countdown,
         "Longest retry countdown.",
     ),
-    Spec(
+    _option(
         "lock_max_retries",
-        "dflock_lock_max_retries",
         None,
         check_max_retries,
         'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
         "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
         "task's `max_retries` is left to its own `self.retry` calls.",
     ),
-    Spec(
+    _option(
         "lock_retry_jitter",
-        "dflock_lock_retry_jitter",
         True,
         check_bool,
         "Randomise each countdown between half and all of it.",
     ),
-    Spec(
+    _option(
         "lock_from",
-        "dflock_lock_from",
         "run",
         one_of(
             get_args(LockFrom),
@@ -384,9 +378,8 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
         "gets); needs celery-dflock's server. Not with `lock_limit`.",
     ),
-    Spec(
+    _option(
         "on_duplicate",
-        "dflock_on_duplicate",
         "return",
         one_of(
             get_args(OnDuplicate),
@@ -397,9 +390,8 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "and returns the `AsyncResult` of the task holding the key; "
         '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
     ),
-    Spec(
+    _option(
         "lock_pending_ttl",
-        "dflock_lock_pending_ttl",
         DEFAULT_MAX_LEASE_TTL_S,
         check_lease,
         'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
@@ -415,6 +407,11 @@ SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
     {spec.name: spec.setting for spec in LOCK_OPTION_SPECS if spec.setting is not None}
 )
 """Lock option name -> its app-wide ``app.conf`` setting (``dflock_`` + the name)."""
+
+
+def _choices(name: str) -> str:
+    """An error's end for ``name``, no lock option: the close ones, then every lock option."""
+    return f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,10 +461,7 @@ def read_options(
         if not isinstance(name, str):
             raise DflockConfigError(f"{what}: option names must be strings, got {name!r}")
         if name not in LOCK_OPTIONS:
-            raise DflockConfigError(
-                f"{where(name)}: unknown lock option {name!r}"
-                f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
-            )
+            raise DflockConfigError(f"{where(name)}: unknown lock option {name!r}{_choices(name)}")
         if serialisable and callable(value):
             raise DflockConfigError(
                 f"{where(name)} must be serialisable (a template string), not a callable"
@@ -533,10 +527,7 @@ def check_option_names(names: Iterable[str], where: str) -> None:
     """Refuse a name that looks like a misspelt lock option (Celery would keep it silently)."""
     for name in names:
         if looks_like_lock_option(name):
-            raise DflockConfigError(
-                f"{where}: {name!r} is not a lock option{close_matches(name, LOCK_OPTIONS)} "
-                f"(the lock options: {', '.join(LOCK_OPTIONS)})"
-            )
+            raise DflockConfigError(f"{where}: {name!r} is not a lock option{_choices(name)}")
 
 
 def check_task_locks(value: object, where: str) -> Mapping[str, GivenOptions]:
@@ -619,7 +610,7 @@ BEAT_SETTING_SPECS: Final = (
     _setting(
         "dflock_beat_lock_key",
         None,
-        check_non_empty_string,
+        partial(check_string, empty=False),
         "Key of the leader lock (with `dflock_key_prefix` in front).",
         shown=repr(DEFAULT_BEAT_KEY_PREFIX + "<app.main>"),
     ),

@@ -401,9 +401,8 @@ def _answer(
     """Ask every server, print the answers, and exit 1 unless every answer is ``ok``."""
     from celery_dflock.config import get_config
 
-    obj: Any = ctx.obj
     try:
-        answers = ask(get_config(obj.app))
+        answers = ask(get_config(ctx.obj.app))
     except (DflockError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     click.echo(json.dumps(json_of(answers), indent=2) if as_json else render(answers))
@@ -421,6 +420,11 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scr
 @click.group(name="dflock")
 def dflock() -> None:
     """Inspect the dflockd lock servers this app uses (dflock_servers)."""
+
+
+def _command(function: Callable[..., None]) -> click.Command:
+    """A ``dflock`` sub-command that asks the servers: ``--json`` first, then its own options."""
+    return dflock.command(cls=CeleryCommand)(_JSON(click.pass_context(function)))
 
 
 WORKERS_TIMEOUT_S: Final = 1.0
@@ -463,8 +467,7 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
     return "\n".join(lines)
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
+@_command
 @click.option(
     "--workers",
     "with_workers",
@@ -474,14 +477,12 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
         "outages they met: outage retries, servers they cannot reach."
     ),
 )
-@click.pass_context
 def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     """Per server: reachable or not, connections, held locks and waiters, restart grace,
     journal and any degraded state (read-only journal, draining, fenced, shards moving); with
     --workers, each worker's outage retries. Exit 1 when a server is unreachable or grants
     nothing new (read-only, draining, fenced)."""
-    obj: Any = ctx.obj
-    workers = ask_workers(obj.app) if with_workers else None
+    workers = ask_workers(ctx.obj.app) if with_workers else None
     now = time.time()
 
     def json_of(reports: list[ServerReport]) -> object:
@@ -495,9 +496,7 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     _answer(ctx, as_json, collect, json_of=json_of, render=render, ok=lambda r: r.healthy)
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
-@click.pass_context
+@_command
 def locks(ctx: click.Context, as_json: bool) -> None:
     """Every held lock and semaphore with its lease left and waiters."""
     _answer(
@@ -505,9 +504,7 @@ def locks(ctx: click.Context, as_json: bool) -> None:
     )
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
-@click.pass_context
+@_command
 def ping(ctx: click.Context, as_json: bool) -> None:
     """Whether every server answers and grants: exit 1 when one is unreachable or grants
     nothing new (read-only, draining, fenced)."""
@@ -536,9 +533,7 @@ def format_ping(reports: Sequence[ServerReport]) -> str:
     return "\n".join(lines)
 
 
-@dflock.command(cls=CeleryCommand)
-@_JSON
-@click.pass_context
+@_command
 def shards(ctx: click.Context, as_json: bool) -> None:
     """Which keys each server serves: mode, members, shards per member, moves, leader."""
     _answer(
@@ -629,10 +624,9 @@ def release(
     from celery_dflock.client.clients import Client
     from celery_dflock.config import get_config
 
-    obj: Any = ctx.obj
     note = operator_note() if note is None else note
     try:
-        config = get_config(obj.app)
+        config = get_config(ctx.obj.app)
         with config.new_client() as client:
             reports = [ServerReport.of(status) for status in client.stats()]
             # Each key where stats lists it, also where routing would not send it (the server

@@ -120,30 +120,6 @@ class _NamedParameters:
         return bound
 
 
-def _bind(
-    signature: inspect.Signature | None,
-    named: _NamedParameters | None,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    task_name: str,
-) -> dict[str, Any]:
-    """The task's arguments by parameter name, defaults applied (``*args`` and ``**kwargs``
-    under their own names); the raw call when there is no signature (a C function)."""
-    if signature is None:
-        return {"args": tuple(args), "kwargs": dict(kwargs)}
-    if named is not None and (fast := named.bind(args, kwargs)) is not None:
-        return fast
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise KeyDerivationError(
-            f"cannot build the lock key of task {task_name!r}: its arguments do not match "
-            f"its signature {signature} ({exc})"
-        ) from exc
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
 def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     """``<task name>:<digest of the canonical JSON of the bound arguments>``."""
     try:
@@ -202,12 +178,13 @@ class KeyBuilder:
     ``lock_key`` option, ``prefix`` (``dflock_key_prefix``) goes in front of every key. The
     signature is inspected once, here; `key` does the per-run part."""
 
-    __slots__ = ("_named", "_signature", "prefix", "source", "task_name")
+    __slots__ = ("_named", "_signature", "prefix", "run", "source", "task_name")
 
     def __init__(
         self, source: KeySource, *, task_name: str, run: Callable[..., Any], prefix: str = ""
     ) -> None:
         self.source = source
+        self.run = run  # what it was built for, with source and prefix
         self.task_name = task_name
         self.prefix = prefix
         try:
@@ -233,7 +210,7 @@ class KeyBuilder:
                     f"{type(raw).__name__}, expected str"
                 )
             return safe_key(prefix + raw)
-        arguments = _bind(self._signature, self._named, args, kwargs, task_name)
+        arguments = self._arguments(args, kwargs)
         if source is None:
             return safe_key(prefix + default_key(task_name, arguments))
         try:  # the template (``"report:{customer_id}"``) over the bound arguments
@@ -249,3 +226,21 @@ class KeyBuilder:
                 f"lock_key template {source!r} of task {task_name!r} {why}"
             ) from exc
         return safe_key(prefix + raw)
+
+    def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The task's arguments by parameter name, defaults applied (``*args`` and ``**kwargs``
+        under their own names); the raw call when there is no signature (a C function)."""
+        signature, named = self._signature, self._named
+        if signature is None:
+            return {"args": tuple(args), "kwargs": dict(kwargs)}
+        if named is not None and (fast := named.bind(args, kwargs)) is not None:
+            return fast
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise KeyDerivationError(
+                f"cannot build the lock key of task {self.task_name!r}: its arguments do not "
+                f"match its signature {signature} ({exc})"
+            ) from exc
+        bound.apply_defaults()
+        return dict(bound.arguments)

@@ -242,9 +242,7 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
         for name in CELERY_ENV_OVERRIDES:
             os.environ.pop(name, None)
         os.environ.update(env)  # the app module reads its settings at import
-        from celery_dflock.demo import app as demo_app
-
-        app: Any = demo_app.app
+        from celery_dflock.demo.app import app
 
         began = time.monotonic()
         for _ in range(RUNS_PER_ACCOUNT):

@@ -220,7 +220,7 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
 
     query: Any = _Query(model)
     compiler: Any = query.get_compiler(connection=connection)
-    keyed = (quote(options.get_field(name).column) for name in key)
+    keyed = [quote(options.get_field(name).column) for name in key]
     guard = " AND ".join(  # MySQL's: a fence not lower, on the row of key (see _sql.py)
         [
             f"{table}.{fence_column} <= {new(fence_column)}",
@@ -252,9 +252,8 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
     assignments.append(assign(fence_column, new(fence_column)))
     if mysql:
         return f"{inserted} ON DUPLICATE KEY UPDATE {', '.join(assignments)}", params
-    conflict = ", ".join(quote(options.get_field(name).column) for name in key)
     return (
-        f"{inserted} ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(assignments)} "
+        f"{inserted} ON CONFLICT ({', '.join(keyed)}) DO UPDATE SET {', '.join(assignments)} "
         f"WHERE {table}.{fence_column} <= {new(fence_column)} RETURNING {table}.{fence_column}",
         params,
     )

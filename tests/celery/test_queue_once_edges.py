@@ -15,6 +15,7 @@ import pytest
 from celery import chain, chord, group
 
 from celery_dflock import AlreadyQueued
+from celery_dflock._runtime import app_client
 from celery_dflock.client.errors import InvalidValueError, LockSkipped, ServerUnavailable
 from dflockd_server import Config
 from tests.celery.apps.queue_once import LONG_RETRY_MAX_LEASE_S, define_tasks
@@ -90,6 +91,48 @@ def test_a_send_the_server_never_answered_leaves_no_hold(
     again = rig.tasks["once"].delay(name)
     assert again.get(timeout=RESULT_TIMEOUT_S) == name
     assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [sent.id, again.id]
+
+
+def test_a_hold_granted_after_its_send_gave_up_is_freed_when_the_server_answers(
+    tmp_path: Path,
+) -> None:
+    """The lock server stopped (SIGSTOP) past the 10 s a publish waits for its hold: the send
+    raises ServerUnavailable and sends nothing. When the server goes on, it grants the hold it
+    had read (no journal holds the reply back) on a connection of the publisher's client
+    session; that grant is released as soon as it arrives. Before, the publisher's close ended
+    nothing (a session connection's grants are the session's), so the key stayed held until
+    the session ended: never, while the publisher held a lock of its own (its keep-alives
+    renewed the orphan hold)."""
+    require_redis()
+    queue = unique("dflock-qedges-late-grant")
+    args = ("--state-dir", "none", "--restart-grace", "0")  # no journal: the reply leaves
+    with (
+        dflockd_subprocess(tmp_path / "dflockd.log", *args) as (proc, address),
+        open_rig(
+            tmp_path,
+            "apps.queue_once",
+            # A session that lives through the stall for sure, kept alive by the lock below.
+            {**redis_settings(queue, db=REDIS_DB), "dflock_session_ttl": 60},
+            server=address,
+            main="qonce-late-grant-client",
+            define_tasks=define_tasks,
+            cleanup=lambda: redis_cleanup(queue, db=REDIS_DB),
+        ) as rig,
+    ):
+        rig.start_worker(pool="threads", concurrency=1)
+        with app_client(rig.app).lock(unique("publisher-busy"), acquire_timeout_s=0) as busy:
+            warm = unique("warm")  # a pooled connection with hello done, the 300 s bound recorded
+            assert rig.tasks["once_raise"].delay(warm).get(timeout=RESULT_TIMEOUT_S) == warm
+            name = unique("late-grant")
+            with paused(proc.pid), pytest.raises(ServerUnavailable, match="nothing was sent"):
+                rig.tasks["once_raise"].delay(name)
+            assert rig.key_free(f"once:{name}", FREE_WAIT_S), (
+                "a hold granted after its publish gave up stayed held"
+            )
+            assert busy.owned()
+            sent = rig.tasks["once_raise"].delay(name)
+            assert sent.get(timeout=RESULT_TIMEOUT_S) == name
+        assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [sent.id]
 
 
 # ------------------------------------------------------------------------ canvas

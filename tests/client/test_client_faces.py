@@ -131,13 +131,18 @@ async def test_an_acquire_that_times_out_in_a_restart_grace_says_so(
         assert busy.grace is None
 
 
+@pytest.mark.parametrize("how", ["acquire", "enqueue-wait"])
 @pytest.mark.parametrize("session_ttl_s", [None, 0], ids=["sessions", "no-sessions"])
 async def test_a_pool_learns_a_restarted_server_s_grace(
-    face: Face, dflock_server_factory: Callable[..., ServerThread], session_ttl_s: int | None
+    face: Face,
+    dflock_server_factory: Callable[..., ServerThread],
+    session_ttl_s: int | None,
+    how: str,
 ) -> None:
     """A pool that knew its server before a restart asks no `hello` again: its new connection
     joins its client session, and that answer tells the new run's grace. A server without
-    sessions (``--session-ttl 0``) has no join to answer: an acquire that times out asks."""
+    sessions (``--session-ttl 0``) has no join to answer: an acquire, or a two-phase wait,
+    that times out asks."""
     ttl = {} if session_ttl_s is None else {"session_ttl_s": session_ttl_s}
     server = dflock_server_factory(**ttl)
     servers = [server.address]
@@ -148,7 +153,11 @@ async def test_a_pool_learns_a_restarted_server_s_grace(
         server.stop()
         dflock_server_factory(port=port, restart_grace_s=600.0, **ttl)
         lock = face.lock_class("after", 0, servers=servers, pool=pool)
-        assert await face.run(lock.acquire()) is False
+        if how == "acquire":
+            assert await face.run(lock.acquire()) is False
+        else:
+            assert await face.run(lock.enqueue()) == "queued"
+            assert await face.run(lock.wait(0)) is False
         assert lock.grace is not None and "is in its restart grace" in lock.grace, lock.grace
 
 

@@ -31,6 +31,7 @@ from celery_dflock.client._grant import (
 )
 from celery_dflock.client._replies import ErrorReply, Granted, Ok, Renewed
 from celery_dflock.client._settings import ClientSettings
+from celery_dflock.client.errors import InvalidValueError
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy
@@ -85,6 +86,9 @@ class Holder:
                 lambda: method(token, note=note, on_close_lease=on_close_lease)
             )
         return await method(token, note=note, on_close_lease=on_close_lease)
+
+    async def hand_off(self, lease_ttl: int) -> bool:
+        return await self._call("hand_off", lease_ttl)
 
     async def lost_within(self, seconds: float) -> bool:
         """True once the loss is reported within ``seconds``: `lost_event` set, and the
@@ -361,6 +365,34 @@ async def test_a_refused_auth_on_reconnect_reports_the_lock_lost_at_once(
         assert await lock.lost_within(TOLD_WITHIN_S)  # the lease is LONG_LEASE_S
         assert lock.lost_calls == ["held"]
         assert "refused this client's auth when it reconnected" in caplog.text
+
+
+@faces
+async def test_a_hand_off_while_reconnecting_refuses_a_lease_too_long_before_letting_go(
+    dflock_server_factory: ServerFactory, face: str, tmp_path: Path
+) -> None:
+    """A hand-off asking more than the server's ``--max-lease-ttl`` while the lock has no
+    connection (its server restarting) is refused at once and the lock kept, as with a
+    connection: the limit is the one the server's ``hello`` told. Before, the check was
+    skipped then: the lock let go and waited for the server, which refused the lease, so a
+    queue-once retry's hold, handed on next with a lease the server allows, was gone."""
+    state = str(tmp_path / "state")
+    server = dflock_server_factory(max_lease_ttl_s=60, state_dir=state)
+    async with holder(face, "lock", server.address, lease_ttl_s=RELEASE_LEASE_S) as lock:
+        assert await lock.acquire()
+        token = lock.token
+        server.stop()
+        held = lock.lock._holding  # pyright: ignore[reportPrivateUsage]
+        await eventually(lambda: held.conn is None, what="the lock's connection dropped")
+        with pytest.raises(InvalidValueError, match=r"above the longest lease .*\(60 s"):
+            await lock.hand_off(61)
+        assert lock.lock.locked()
+        back = dflock_server_factory(port=server.port, max_lease_ttl_s=60, state_dir=state)
+        assert await lock.hand_off(60)
+        (entry,) = [e for e in back.stats()["locks"] if e["key"] == "held"]
+        assert entry["detached"] is True
+        assert await lock.adopt(token or "", "run/2", 30)  # the same grant, handed on
+        assert await lock.release()
 
 
 # ---------------------------------------------------------------------- unreachable

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,13 +20,10 @@ import pytest
 from celery_dflock.client import AsyncDistributedLock, DistributedLock
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.membership import read_view
 from dflockd_server.cluster.ops import pin, rebalance
-from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
-from tests.support.ports import free_port
-from tests.support.servers import clean_env, dflockd_executable
+from tests.support.fleet import Fleet
 from tests.support.waiting import wait_until
 
 WAIT_S = 60.0
@@ -48,76 +43,11 @@ PACE_S = 0.02
 without one kept both of CI's cores busy for the whole test."""
 
 
-class MemberProcess:
-    """A ``dflockd --cluster`` member as users start it (the console script, defaults as
-    shipped but a state directory of its own and no restart grace)."""
-
-    def __init__(self, etcd_url: str, prefix: str, state: Path) -> None:
-        port = free_port()
-        self.advertise = f"127.0.0.1:{port}"
-        self.address = ("127.0.0.1", port)
-        self.log_path = state / f"member-{port}.log"
-        etcd = etcd_url.removeprefix("http://")
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [dflockd_executable(), "--host", "127.0.0.1", "--port", str(port),
-                 "--advertise", self.advertise, "--cluster", f"etcd://{etcd}{prefix}",
-                 "--state-dir", str(state / f"state-{port}"), "--restart-grace", "0"],
-                env=clean_env({}),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(30)
-
-
-@dataclass
-class Fleet:
-    etcd: EtcdClient
-    prefix: str
-    state: Path
-    etcd_url: str
-    members: list[MemberProcess] = field(default_factory=list[MemberProcess])
-
-    def start(self) -> MemberProcess:
-        member = MemberProcess(self.etcd_url, self.prefix, self.state)
-        self.members.append(member)
-        wait_until(
-            lambda: member.advertise in read_view(self.etcd, self.prefix).members,
-            timeout=WAIT_S,
-            what=f"{member.advertise} registered",
-        )
-        return member
-
-    def settled(self) -> bool:
-        """Every shard has a current member, none is moving."""
-        shard_map = read_view(self.etcd, self.prefix).shard_map
-        return len(shard_map) == SHARD_COUNT and not shard_map.moves_in_progress()
-
-    def wait_settled(self, what: str) -> None:
-        wait_until(self.settled, timeout=WAIT_S, what=what)
-
-    def owner(self, key: str) -> str:
-        return read_view(self.etcd, self.prefix).shard_map[shard_id(key)].current
-
-    def seeds(self) -> list[tuple[str, int]]:
-        return [m.address for m in self.members]
-
-
 @pytest.fixture
 def fleet(etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path) -> Iterator[Fleet]:
-    made = Fleet(etcd_server.client(), etcd_prefix.rstrip("/"), tmp_path, etcd_server.url)
-    yield made
-    for member in made.members:
-        member.stop()
+    """Members as users start them: defaults as shipped, but no restart grace."""
+    with Fleet.on(etcd_server, etcd_prefix, tmp_path, "--restart-grace", "0") as made:
+        yield made
 
 
 def why_not(lock: DistributedLock | AsyncDistributedLock, began: float) -> str:
@@ -255,10 +185,7 @@ def test_no_acquire_fails_with_server_unavailable_during_hand_overs(fleet: Fleet
             target = second if fleet.owner(HELD) == first.advertise else first
             pin(fleet.etcd, fleet.prefix, shard_id(HELD), target.advertise)
             wait_until(
-                lambda: (
-                    shard_id(HELD)
-                    in read_view(fleet.etcd, fleet.prefix).shard_map.moves_in_progress()
-                ),
+                lambda: shard_id(HELD) in fleet.view().shard_map.moves_in_progress(),
                 timeout=WAIT_S,
                 what="the held key's shard moving",
             )
@@ -273,10 +200,7 @@ def test_no_acquire_fails_with_server_unavailable_during_hand_overs(fleet: Fleet
         third.proc.send_signal(signal.SIGTERM)  # a graceful leave: it hands its shards over
         assert third.proc.wait(WAIT_S) == 0
         wait_until(
-            lambda: (
-                fleet.settled()
-                and third.advertise not in read_view(fleet.etcd, fleet.prefix).shard_map.counts()
-            ),
+            lambda: fleet.settled() and third.advertise not in fleet.view().shard_map.counts(),
             timeout=WAIT_S,
             what="the third member's shards taken over",
         )
@@ -301,7 +225,7 @@ def test_a_member_that_stops_answering_makes_the_client_read_the_map_again(
     b = fleet.start()
     rebalance(fleet.etcd, fleet.prefix)
     fleet.wait_settled("the rebalance onto the second member done")
-    key = next(f"frozen:{i}" for i in range(10_000) if fleet.owner(f"frozen:{i}") == a.advertise)
+    key = fleet.key_of(a, "frozen:")
     # A short lease: b takes the shard over once a's etcd lease and the longest lease a granted
     # ran out, and the test is about what the client does after that, not about the wait.
     with Client(
@@ -309,8 +233,7 @@ def test_a_member_that_stops_answering_makes_the_client_read_the_map_again(
     ) as client:
         with client.lock(key) as lock:
             assert lock.server == a.address  # the map cached: the key on a
-        a.proc.send_signal(signal.SIGSTOP)
-        try:
+        with a.paused():
             # b takes a's shards over once a's etcd lease and its longest lease ran out
             wait_until(
                 lambda: fleet.owner(key) == b.advertise,
@@ -330,5 +253,3 @@ def test_a_member_that_stops_answering_makes_the_client_read_the_map_again(
                     lock.release()
                     break
             assert outcomes[-1] is True, outcomes
-        finally:
-            a.proc.send_signal(signal.SIGCONT)

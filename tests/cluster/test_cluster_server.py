@@ -28,6 +28,7 @@ from dflockd_server.testing import ServerThread
 from tests.faults.conftest import long_only
 from tests.server.test_metrics import Samples, scrape, value
 from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.fleet import cluster_url
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
@@ -52,12 +53,11 @@ class Member:
     def __init__(self, etcd_url: str, prefix: str, longest: int, shutdown_timeout_s: float) -> None:
         port = free_port()
         self.advertise = f"127.0.0.1:{port}"
-        etcd_address = etcd_url.removeprefix("http://")
         cfg = Config(
             host="127.0.0.1",
             port=port,
             advertise=self.advertise,
-            cluster=f"etcd://{etcd_address}{prefix}",
+            cluster=cluster_url(etcd_url, prefix),
             max_lease_ttl_s=longest,
             default_lease_ttl_s=longest,
             metrics_port=0,
@@ -327,7 +327,6 @@ def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(
     """It joined etcd before binding: when the bind fails it must not stay a member (the
     leader would give it shards, which would then wait out a dead member's failover)."""
     prefix = etcd_prefix.rstrip("/")
-    etcd_address = etcd_server.url.removeprefix("http://")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -336,7 +335,7 @@ def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(
             host="127.0.0.1",
             port=port,
             advertise=f"127.0.0.1:{port}",
-            cluster=f"etcd://{etcd_address}{prefix}",
+            cluster=cluster_url(etcd_server.url, prefix),
             cluster_lease_ttl_s=30,  # long: only leaving can remove it in time
         )
         with pytest.raises(OSError):

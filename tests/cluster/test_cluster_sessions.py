@@ -7,25 +7,20 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from celery_dflock.client.clients import Client
-from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.membership import read_view
 from dflockd_server.cluster.ops import pin, unpin
-from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
-from tests.support.ports import free_port
+from tests.support.fleet import Fleet, Member
 from tests.support.processes import paused
-from tests.support.servers import clean_env, dflockd_executable
 from tests.support.waiting import wait_until
 
 WAIT_S = 60.0
@@ -34,95 +29,23 @@ LEASE_S = 9
 SESSION_S = 3
 MEMBER_LEASE_S = 2
 """The members' etcd lease: a paused member is seen gone after about this."""
-
-
-class Member:
-    """A ``dflockd --cluster`` member process with short leases."""
-
-    def __init__(self, etcd_url: str, prefix: str, state: Path) -> None:
-        port = free_port()
-        self.advertise = f"127.0.0.1:{port}"
-        self.address = ("127.0.0.1", port)
-        self.log_path = state / f"member-{port}.log"
-        self.args = [
-            dflockd_executable(), "--host", "127.0.0.1", "--port", str(port),
-            "--advertise", self.advertise,
-            "--cluster", f"etcd://{etcd_url.removeprefix('http://')}{prefix}",
-            "--cluster-lease-ttl", str(MEMBER_LEASE_S), "--max-lease-ttl", str(LEASE_S + 1),
-            "--default-lease-ttl", str(LEASE_S),
-            "--state-dir", str(state / f"state-{port}"), "--restart-grace", "0",
-        ]  # fmt: skip
-        self.proc = self._start()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        with self.log_path.open("ab") as log:
-            return subprocess.Popen(
-                self.args,
-                env=clean_env({}),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(30)
-
-
-@dataclass
-class Fleet:
-    etcd: EtcdClient
-    prefix: str
-    state: Path
-    etcd_url: str
-    members: list[Member] = field(default_factory=list[Member])
-
-    def start(self) -> Member:
-        member = Member(self.etcd_url, self.prefix, self.state)
-        self.members.append(member)
-        wait_until(
-            lambda: member.advertise in read_view(self.etcd, self.prefix).members,
-            timeout=WAIT_S,
-            what=f"{member.advertise} registered",
-        )
-        return member
-
-    def settled(self) -> bool:
-        shard_map = read_view(self.etcd, self.prefix).shard_map
-        return len(shard_map) == SHARD_COUNT and not shard_map.moves_in_progress()
-
-    def owner(self, key: str) -> str:
-        return read_view(self.etcd, self.prefix).shard_map[shard_id(key)].current
-
-    def split_of(self, key: str) -> str:
-        """The node ``key``'s shard is split to ("" when none)."""
-        return read_view(self.etcd, self.prefix).shard_map[shard_id(key)].split
-
-    def seeds(self) -> list[tuple[str, int]]:
-        return [m.address for m in self.members]
+MEMBER_ARGS = (
+    "--cluster-lease-ttl", str(MEMBER_LEASE_S), "--max-lease-ttl", str(LEASE_S + 1),
+    "--default-lease-ttl", str(LEASE_S), "--restart-grace", "0",
+)  # fmt: skip
+"""Each member's arguments beyond the shared ones: short leases, no restart grace."""
 
 
 @pytest.fixture
 def fleet(etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path) -> Iterator[Fleet]:
-    made = Fleet(etcd_server.client(), etcd_prefix.rstrip("/"), tmp_path, etcd_server.url)
-    yield made
-    for member in made.members:
-        member.stop()
+    with Fleet.on(etcd_server, etcd_prefix, tmp_path, *MEMBER_ARGS) as made:
+        yield made
 
 
 def two_members(fleet: Fleet) -> tuple[Member, Member]:
     a, b = fleet.start(), fleet.start()
-    wait_until(fleet.settled, timeout=WAIT_S, what="the map settled over two members")
+    fleet.wait_settled("the map settled over two members")
     return a, b
-
-
-def key_of(fleet: Fleet, member: Member, stem: str) -> str:
-    return next(f"{stem}{i}" for i in range(10**6) if fleet.owner(f"{stem}{i}") == member.advertise)
 
 
 @pytest.mark.timeout(300)
@@ -134,7 +57,7 @@ def test_a_member_paused_past_the_session_mid_move_gives_the_key_to_no_one_befor
     key); A is stopped past the session's time (shorter than the failover, then longer), then
     resumed. The rival that gets the key (from B) finds the holder knowing its loss."""
     a, b = two_members(fleet)
-    key = key_of(fleet, a, "paused:")
+    key = fleet.key_of(a, "paused:")
     seeds = fleet.seeds()
     with (
         Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
@@ -145,7 +68,7 @@ def test_a_member_paused_past_the_session_mid_move_gives_the_key_to_no_one_befor
         pin(fleet.etcd, fleet.prefix, shard_id(key), b.advertise)
         time.sleep(SESSION_S)  # kept by keep-alives only meanwhile (no rival asks yet)
         assert held.owned()
-        with paused(a.proc.pid):
+        with a.paused():
             time.sleep(pause_s)
         taken = rival.lock(key, lease_ttl_s=LEASE_S)
         assert taken.acquire(), "the rival never got the key"
@@ -168,7 +91,7 @@ def test_etcd_paused_during_a_sessions_life_gives_the_key_to_no_one_before_its_h
     gets the key finds the holder knowing its loss (or the holder still holds it, renewed, and
     the rival waits)."""
     a, _ = two_members(fleet)
-    key = key_of(fleet, a, "stalled:")
+    key = fleet.key_of(a, "stalled:")
     seeds = fleet.seeds()
     with (
         Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
@@ -195,7 +118,7 @@ def test_a_member_killed_and_restarted_with_its_journal_gives_a_session_key_to_n
     held on it by a session alone: the holder either keeps it (renewed by token on the new
     run) or knows its loss before any rival is granted it."""
     a, _ = two_members(fleet)
-    key = key_of(fleet, a, "restarted:")
+    key = fleet.key_of(a, "restarted:")
     seeds = fleet.seeds()
     with (
         Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
@@ -204,9 +127,7 @@ def test_a_member_killed_and_restarted_with_its_journal_gives_a_session_key_to_n
         held = holding.lock(key, lease_ttl_s=LEASE_S)
         assert held.acquire() and held.server == a.address
         time.sleep(SESSION_S)  # kept by keep-alives only
-        a.proc.kill()
-        a.proc.wait(30)
-        a.proc = a._start()  # pyright: ignore[reportPrivateUsage]
+        a.restart()
         taken = rival.lock(key, lease_ttl_s=LEASE_S, acquire_timeout_s=LEASE_S * 2)
         if not taken.acquire():  # the holder kept it: renewed by token on the new run
             assert held.owned() and held.renew(), "nobody holds the key, yet the rival waited"
@@ -234,7 +155,7 @@ def test_the_splits_target_paused_past_the_session_gives_its_asked_key_to_no_one
     wait for its leases, then longer) and resumed. The rival that gets that key (from B, or
     from A once it dropped the split) finds the holder knowing its loss."""
     a, b = two_members(fleet)
-    pinned = key_of(fleet, a, "split:")
+    pinned = fleet.key_of(a, "split:")
     crossed = sibling_of(pinned, "crossed:")
     seeds = fleet.seeds()
     with (
@@ -253,7 +174,7 @@ def test_the_splits_target_paused_past_the_session_gives_its_asked_key_to_no_one
         assert held.acquire() and held.server == b.address
         time.sleep(SESSION_S)  # kept by keep-alives only
         assert held.owned()
-        with paused(b.proc.pid):
+        with b.paused():
             time.sleep(pause_s)
         taken = rival.lock(crossed, lease_ttl_s=LEASE_S)
         assert taken.acquire(), "the rival never got the key"
@@ -274,7 +195,7 @@ def test_a_member_leaving_gracefully_gives_a_session_key_to_no_one_before_its_ho
     session alone: the rival that gets the key (from the heir) finds the holder knowing its
     loss, and a fence above the holder's."""
     a, b = two_members(fleet)
-    key = key_of(fleet, a, "leaving:")
+    key = fleet.key_of(a, "leaving:")
     seeds = fleet.seeds()
     with (
         Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
@@ -350,7 +271,7 @@ def test_session_holders_under_random_moves_pauses_and_restarts_never_overlap(
     granted it."""
     rng = random.Random(int(os.environ.get("RED_SEED", "7")))
     members = [fleet.start() for _ in range(3)]
-    wait_until(fleet.settled, timeout=WAIT_S, what="the map settled over three members")
+    fleet.wait_settled("the map settled over three members")
     keys = [f"mixed:{i}" for i in range(6)]
     beliefs: list[Belief] = []
     errors: list[BaseException] = []
@@ -404,16 +325,15 @@ def test_session_holders_under_random_moves_pauses_and_restarts_never_overlap(
                 pin(fleet.etcd, fleet.prefix, shard_id(rng.choice(keys)), member.advertise)
             elif choice == "unpin":
                 shard = shard_id(rng.choice(keys))
-                if shard in read_view(fleet.etcd, fleet.prefix).shard_map.pinned_shards():
+                if shard in fleet.view().shard_map.pinned_shards():
                     unpin(fleet.etcd, fleet.prefix, shard)
             elif choice == "pause":
-                with paused(member.proc.pid):
+                with member.paused():
                     time.sleep(rng.uniform(1, MEMBER_LEASE_S + LEASE_S + 3))
             elif choice == "kill":
-                member.proc.kill()
-                member.proc.wait(30)
+                member.kill()
                 time.sleep(rng.uniform(0, 3))
-                member.proc = member._start()  # pyright: ignore[reportPrivateUsage]
+                member.start()
             else:
                 with paused(etcd_server.pid):
                     time.sleep(rng.uniform(1, MEMBER_LEASE_S + SESSION_S))
@@ -440,7 +360,7 @@ def test_the_splits_target_killed_and_restarted_keeps_or_tells_its_asked_key(
     The holder keeps the key (renewed by token on B's new run) or knows its loss before a
     rival is granted it; once it lets go, the rival gets it with a higher fence."""
     a, b = two_members(fleet)
-    pinned = key_of(fleet, a, "split:")
+    pinned = fleet.key_of(a, "split:")
     crossed = sibling_of(pinned, "crossed:")
     seeds = fleet.seeds()
     with (
@@ -460,9 +380,7 @@ def test_the_splits_target_killed_and_restarted_keeps_or_tells_its_asked_key(
         fence = held.fence
         assert fence is not None
         time.sleep(SESSION_S)  # kept by keep-alives only
-        b.proc.kill()
-        b.proc.wait(30)
-        b.proc = b._start()  # pyright: ignore[reportPrivateUsage]
+        b.restart()
         taken = rival.lock(crossed, lease_ttl_s=LEASE_S, acquire_timeout_s=LEASE_S * 2)
         try:
             if not taken.acquire():  # the holder kept it

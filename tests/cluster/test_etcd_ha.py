@@ -29,8 +29,9 @@ from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.certificates import key_of, make_certificate
 from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip, lease_time_to_live
+from tests.support.fleet import Fleet, Member
 from tests.support.ports import free_port
-from tests.support.servers import DflockdProcess, rebalance, run_dflockd
+from tests.support.servers import rebalance, run_dflockd
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, held_keys, shards
 
@@ -44,50 +45,20 @@ FENCED = "fenced, granting nothing"
 REJOINED = "joined again"
 
 
-class Member:
-    """One ``dflockd --cluster`` process."""
-
-    def __init__(self, cluster_url: str, state_dir: Path, *extra: str) -> None:
-        self.port = free_port()
-        self.advertise = f"127.0.0.1:{self.port}"
-        self.process = DflockdProcess(
-            [
-                "--host", "127.0.0.1",
-                "--port", str(self.port),
-                "--cluster", cluster_url,
-                "--advertise", self.advertise,
-                "--state-dir", str(state_dir / str(self.port)),
-                *extra,
-            ],
-            {},
-        )  # fmt: skip
-        self.address = self.process.wait_listening()
-
-    def log(self) -> list[str]:
-        return self.process.drain()
-
-    def serves(self, key: str) -> bool:
-        info = shards(self.address)
-        current: list[int] = info["current"]
+def served_keys(member: Member, stem: str, count: int) -> list[str]:
+    """``count`` keys ``STEM<n>`` that ``member`` serves, by its own ``shards`` answer."""
+    info = shards(member.address)
+    nodes: list[str] = info["nodes"]
+    current: list[int] = info["current"]
+    out: list[str] = []
+    for i in range(10**6):
+        key = f"{stem}{i}"
         index = current[shard_id(key)]
-        return index >= 0 and info["nodes"][index] == self.advertise
-
-    def keys(self, stem: str, count: int) -> list[str]:
-        info = shards(self.address)
-        nodes: list[str] = info["nodes"]
-        current: list[int] = info["current"]
-        out: list[str] = []
-        for i in range(10**6):
-            key = f"{stem}{i}"
-            index = current[shard_id(key)]
-            if index >= 0 and nodes[index] == self.advertise:
-                out.append(key)
-                if len(out) == count:
-                    return out
-        raise AssertionError(f"{self.advertise} serves no key {stem}*")
-
-    def stop(self) -> None:
-        self.process.kill()
+        if index >= 0 and nodes[index] == member.advertise:
+            out.append(key)
+            if len(out) == count:
+                return out
+    raise AssertionError(f"{member.advertise} serves no key {stem}*")
 
 
 def _every_view(members: list[Member], check: Callable[[dict[str, Any], list[str]], bool]) -> bool:
@@ -139,10 +110,8 @@ def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
 @pytest.fixture
 def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]:
     url = f"etcd://{etcd_cluster.endpoints}{PREFIX}"
-    members: list[Member] = []
-    try:
-        for _ in range(2):
-            members.append(Member(url, tmp_path / "state"))
+    with Fleet(etcd_cluster.client(), PREFIX, tmp_path / "state", url) as fleet:
+        members = [fleet.start(), fleet.start()]
         # The first map goes to the members registered when membership has been still for a
         # moment (two seconds); a member that starts later (a loaded machine) joins with no
         # shard until membership has been still for 10 s (the leader rebalances then) or an
@@ -152,9 +121,6 @@ def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]
         rebalance(url, WAIT_S)
         wait_until(lambda: settled(members), timeout=WAIT_S, what="the cluster's map")
         yield members
-    finally:
-        for member in members:
-            member.stop()
 
 
 Held = dict[str, tuple[Wire, str, Member]]
@@ -173,7 +139,7 @@ def held() -> Iterator[Held]:
 def hold_locks(members: list[Member], held: Held) -> None:
     """``KEYS_PER_MEMBER`` locks held on each member, into ``held``."""
     for n, member in enumerate(members):
-        for key in member.keys(f"held{n}:", KEYS_PER_MEMBER):
+        for key in served_keys(member, f"held{n}:", KEYS_PER_MEMBER):
             wire = Wire(member.address)
             held[key] = (wire, "", member)  # closed by the fixture even if the lock fails
             held[key] = (wire, wire.lock(key, lease=LOCK_LEASE_S), member)
@@ -201,7 +167,7 @@ def assert_nothing_lost(members: list[Member], held: Held) -> None:
         assert key in held_keys(member.address), key
         assert wire.req("n", key, f"{token} {LOCK_LEASE_S}") == f"ok {LOCK_LEASE_S}", key
     for n, member in enumerate(members):
-        for key in member.keys(f"new{n}:", 2):
+        for key in served_keys(member, f"new{n}:", 2):
             with Wire(member.address) as wire:
                 token = wire.lock(key, lease=5)
                 assert wire.req("r", key, token) == "ok", key
@@ -332,10 +298,10 @@ def test_tls_and_authentication_to_etcd(
         "--cluster-user", ETCD_USER,
         "--cluster-password-file", str(password),
     )  # fmt: skip
-    member = Member(url, tmp_path / "state", *access)
-    try:
+    etcd = etcd_cluster.client(user=ETCD_USER, password=ETCD_PASSWORD)
+    with Fleet(etcd, PREFIX, tmp_path / "state", url, access) as fleet:
+        member = fleet.start()
         wait_until(lambda: settled([member]), timeout=WAIT_S, what="the cluster's map")
-        etcd = etcd_cluster.client(user=ETCD_USER, password=ETCD_PASSWORD)
         # The operator's commands take the same settings.
         done = run_dflockd(["shards", "--cluster", url, *access], {})
         assert done.returncode == 0 and member.advertise in done.stdout, done
@@ -350,8 +316,6 @@ def test_tls_and_authentication_to_etcd(
         )
         outlive_the_lease(etcd, [member], leases)
         assert_nothing_lost([member], held)
-    finally:
-        member.stop()
 
 
 def start_error(*args: str) -> str:

@@ -96,7 +96,8 @@ class AsyncConnection:
                         " byte(s) nobody asked for after a reply; the connection was closed"
                     )
             except BaseException as exc:
-                if isinstance(exc, OSError | DflockError) or not self._reap(command, data, timeout):
+                reap = isinstance(exc, TimeoutError) or not isinstance(exc, OSError | DflockError)
+                if not (reap and self._reap(command, data, timeout)):
                     self.close(abort=True)
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
@@ -109,15 +110,18 @@ class AsyncConnection:
             return reply
 
     def _reap(self, command: Command, data: bytes, timeout: float) -> bool:
-        """An acquire interrupted on a session connection (cancelled, a signal's exception):
-        a grant the server already sent belongs to the session, which its keep-alives would
-        keep for good with nobody knowing its token. Half-close (a grant made after the
-        server sees EOF ends at once; a TLS close cannot be half, so there the wait runs its
-        ``timeout``) and, in the background, read what is left and release a grant found in
-        it. False (no thread): nothing done, the caller closes."""
-        if command not in MAY_GRANT or self.session is None:
+        """An acquire interrupted (cancelled, a signal's exception) or unanswered in time on a
+        session connection: a grant the server sent, or sends when it goes on, belongs to the
+        session, which its keep-alives would keep for good with nobody knowing its token.
+        Half-close (a grant made after the server sees EOF ends at once; a TLS close cannot be
+        half, so there the wait runs its ``timeout``) and, in the background, read what is left
+        and release a grant found in it, for the session's time at least: a server that answers
+        later was stalled past it, so the session has ended, and its grant with it.
+        False (no thread): nothing done, the caller closes."""
+        session = self.session
+        if command not in MAY_GRANT or session is None:
             return False
-        wait_s = REPLY_GRACE_S if self.transport.half_close() else timeout
+        wait_s = max(session.ttl, REPLY_GRACE_S if self.transport.half_close() else timeout)
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
             self._reaper = background_task(

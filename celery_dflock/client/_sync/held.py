@@ -135,6 +135,16 @@ class Holding:
         self._server, self._server_at = conn.server, endpoint
         return conn
 
+    def server(self) -> ServerInfo | None:
+        """What the held grant's server answered to ``hello``: on its connection, else as last
+        heard (by the pool, or this lock), the connection broken."""
+        if self.conn is not None:
+            return self.conn.server
+        endpoint = self.core.reattach_endpoint()
+        if self._pool is not None:
+            return self._pool.server_info(endpoint.host, endpoint.port)
+        return self._server if self._server_at == endpoint else None
+
     def poke(self) -> None:
         """The grant's client session is over: renew now to learn whether it is lost."""
         self.driver.poke()

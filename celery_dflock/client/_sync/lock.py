@@ -104,8 +104,9 @@ class LockBase:
 
     @property
     def grace(self) -> str | None:
-        """Why the last acquire failed when its server was in its restart grace, granting no
-        key until every lease its previous run may have granted has ended (else None)."""
+        """Why the last acquire (or two-phase wait) failed when its server was in its restart
+        grace, granting no key until every lease its previous run may have granted has ended
+        (else None)."""
         return self._core.grace
 
     @property
@@ -178,6 +179,8 @@ class LockBase:
                     reply = conn.request(command, data, timeout)
                 finally:
                     holding.keep_while_waiting(conn, False)
+                if isinstance(reply, TimedOut):
+                    conn.learn_grace()
                 granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
             except BaseException:
                 core.reset()
@@ -532,8 +535,7 @@ class DistributedLock(LockBase):
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
             return False
-        if holding.conn is not None:  # refused before the lock lets go of anything
-            core.check_lease(holding.conn.server, lease)
+        core.check_lease(holding.server(), lease)  # refused before the lock lets go of anything
         holding.driver.stop()
         with holding.op_lock:
             conn, holding.conn = holding.conn, None
