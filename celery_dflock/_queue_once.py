@@ -45,7 +45,7 @@ from celery_dflock._request import (
 from celery_dflock._runtime import AnyLock, app_client, get_runtime, options_for
 from celery_dflock._settings import GivenOptions
 from celery_dflock.client import DistributedLock
-from celery_dflock.client.clients import Client, Hold
+from celery_dflock.client.clients import Client, Hold, Lease
 from celery_dflock.client.errors import (
     AlreadyQueued,
     DflockError,
@@ -374,6 +374,7 @@ def retry_hand_off(
 
 
 _Asked = TypeVar("_Asked")
+_PENDING_DEFAULT: Final = "lock_pending_ttl (dflock_lock_pending_ttl), by default"
 
 
 def _pending_leases(options: LockOptions, countdown: object, eta: object) -> tuple[int, ...]:
@@ -394,8 +395,14 @@ def _pending_leases(options: LockOptions, countdown: object, eta: object) -> tup
         tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
         delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
     delay = max(0, math.ceil(delay_s))
-    pending = options.pending_ttl
-    return (delay + pending, max(pending, delay)) if delay else (pending,)
+    pending = options.pending_ttl  # (set: a Lease naming where; the default: named here)
+    pending = pending if isinstance(pending, Lease) else Lease(pending, _PENDING_DEFAULT)
+    if not delay:
+        return (pending,)
+    due = "the message's countdown/eta"  # named by a refusal, as a setting is
+    return Lease(delay + pending, f"{due} plus lock_pending_ttl"), (
+        pending if pending >= delay else Lease(delay, due)
+    )
 
 
 def _longest_granted(leases: tuple[int, ...], ask: Callable[[int], _Asked]) -> tuple[_Asked, int]:

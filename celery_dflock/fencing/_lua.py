@@ -20,7 +20,7 @@ __all__ = [
     "set_call",
 ]
 
-Value = str | bytes | int | float
+Value = str | bytes | bytearray | memoryview | int | float
 
 _COMPARE: Final = """
 if type(seen) == 'table' then return {} end
@@ -115,11 +115,14 @@ def pipelined(helper: str, client: object) -> TypeError:
 
 def _stored(label: str, what: str, value: object) -> Value:
     """``value`` if Redis stores it as it is (redis-py refuses the rest, naming nothing)."""
-    if isinstance(value, str | bytes | int | float) and not isinstance(value, bool):
-        return value
+    if isinstance(value, str | bytes | bytearray | memoryview | int | float) and not isinstance(
+        value, bool
+    ):
+        return cast("Value", value)
     raise InvalidValueError(
         f"fenced write to {label}: {what} is {type(value).__name__} {value!r}, which Redis "
-        "does not store: give a str, bytes, int or float (json.dumps a structure)"
+        "does not store: give a str, bytes (or bytes-like), int or float (json.dumps a "
+        "structure)"
     )
 
 

@@ -654,13 +654,25 @@ def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change
     app.close()
 
 
+@pytest.mark.parametrize(
+    ("pending_ttl", "asked", "named"),
+    [
+        # "Ask for a shorter lease (lease_ttl)", the client's internal argument, was named
+        # instead of what the user set (or left to its default).
+        (None, 300, "lock_pending_ttl (dflock_lock_pending_ttl), by default"),
+        (40, 40, "app.conf.dflock_lock_pending_ttl"),
+        (20, 40, "the message's countdown/eta"),
+    ],
+    ids=["default", "setting", "countdown"],
+)
 def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
-    dflock_server_factory: Any,
+    dflock_server_factory: Any, pending_ttl: int | None, asked: int, named: str
 ) -> None:
     from celery_dflock import InvalidValueError
 
     server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
-    app = mistaken_app(dflock_servers=f"{server.host}:{server.port}")
+    pending = {} if pending_ttl is None else {"dflock_lock_pending_ttl": pending_ttl}
+    app = mistaken_app(dflock_servers=f"{server.host}:{server.port}", **pending)
     app.conf.task_always_eager = False
 
     @app.task(shared=False, base=LockedTask, lock_key="long-hold", lock_from="publish")
@@ -669,10 +681,12 @@ def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
 
     task: Any = job
     with pytest.raises(InvalidValueError) as refused:
-        task.apply_async(countdown=40)
+        task.apply_async(countdown=None if pending_ttl == asked else 40)
     message = str(refused.value)
     assert "was not sent: its hold of 'long-hold' would last" in message
     assert "lock_pending_ttl" in message and "(30 s, its --max-lease-ttl" in message
+    assert f"the lease asked for ({asked} s) is above" in message
+    assert f"Ask for a shorter lease ({named})" in message, message
     app.close()
 
 

@@ -167,3 +167,14 @@ def test_a_value_redis_cannot_store_is_named_with_its_key(
         with pytest.raises(InvalidValueError, match=re.escape(said)):
             fenced_hset(store_redis, key, {"total": value}, fence=5)
     assert store_redis.exists(key, fence_key_of(key)) == 0
+
+
+def test_a_bytes_like_value_redis_py_sends_is_written(store_redis: redis.Redis, key: str) -> None:
+    """redis-py sends a bytearray or a memoryview as it sends bytes; the check of what Redis
+    stores refused them, saying Redis does not store them."""
+    for fence, value in enumerate([bytearray(b"ba"), memoryview(b"mv")], start=5):
+        fenced_set(store_redis, key, value, fence=fence)
+        assert store_redis.get(key) == bytes(value)
+        fenced_hset(store_redis, f"{key}:h", {"total": value}, fence=fence)
+        assert store_redis.hget(f"{key}:h", "total") == bytes(value)
+    store_redis.delete(f"{key}:h")
