@@ -28,6 +28,7 @@ from celery_dflock.client import Client
 from celery_dflock.client._sync.connection import Connection
 from tests.support.ports import free_port
 from tests.support.processes import paused
+from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess, dflockd_subprocess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, holders_and_waiters
@@ -383,3 +384,57 @@ def test_held_locks_ride_on_the_session_keep_alive_with_no_renewal_of_their_own(
             for n in range(10):
                 assert rival.req("l", f"k{n}", "0") == "timeout"
         assert all(lock.release() for lock in locks)
+
+
+def test_a_confirmation_whose_renewal_goes_unanswered_leaves_no_held_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The confirmation of a grant through a stall joins the connection to the client's
+    current session (the grant comes along), then renews the grant by token. A renewal that got
+    no answer dropped the connection and reset the lock, but left the grant in that session,
+    which the client's other locks kept alive: the key stayed held by nobody. It is now released
+    by token in the background, as an interrupted confirmation's is."""
+    armed: list[threading.Thread] = []
+    rejoin = Connection.rejoin
+
+    def renewal_unanswered_after(conn: Connection) -> None:
+        rejoin(conn)
+        if armed and armed[0] is threading.current_thread():
+            armed.clear()
+            kept.append(keeper.acquire())  # keeps the client's session alive from now on
+            proxy.hold_reply_after(b"n\nk\n")  # the confirming renewal: no answer comes back
+
+    monkeypatch.setattr(Connection, "rejoin", renewal_unanswered_after)
+    with (
+        dflockd_subprocess(tmp_path / "log", "--state-dir", str(tmp_path / "state")) as (
+            server,
+            address,
+        ),
+        FaultProxy(address) as proxy,
+        Client([proxy.address], session_ttl_s=SESSION_S) as waiter,
+    ):
+        holder = Wire(address)  # a plain connection: its close frees the key
+        reply = holder.req("l", "k", "0 60")
+        assert reply.startswith("ok "), reply
+        lock = waiter.lock("k", lease_ttl_s=60, acquire_timeout_s=60)
+        keeper = waiter.lock("keeper", lease_ttl_s=60)
+        acquired: list[bool] = []
+        kept: list[bool] = []
+        thread = threading.Thread(target=lambda: acquired.append(lock.acquire()))
+        thread.start()
+        wait_until(lambda: holders_and_waiters(address, "k") == (1, 1), what="the lock queued")
+        armed.append(thread)
+        with paused(server.pid):
+            time.sleep(PAUSE_S)  # past the waiter's session time
+            holder.close()  # read by the server once it goes on
+        thread.join(60)
+        if armed:  # no confirmation: the server ended the session before it granted the key
+            pytest.skip("the server freed the grant with the session: nothing to confirm")
+        assert acquired == [False] and not lock.locked(), "an unconfirmed grant is no grant"
+        assert kept == [True]
+        rival = Client([address], acquire_timeout_s=SESSION_S + 2)
+        with rival:
+            other = rival.lock("k")
+            assert other.acquire(), "the unconfirmed grant is held by nobody"
+            assert other.release()
+        assert keeper.release()

@@ -226,16 +226,20 @@ class AsyncHolding:
 
     async def _confirm(self, conn: AsyncConnection) -> bool:
         """`start_renewing`'s confirmation of a grant made in a session that ended (``conn``
-        pinned: an interruption abandons the grant, released by token in the background)."""
+        pinned: an interruption abandons the grant, released by token in the background, as is
+        one whose renewal got no answer: the live session it joined would keep it)."""
         try:
             await conn.rejoin()
             self.core.grant.session = conn.session  # where the server has it now, if anywhere
-            return (await self._renew_request(conn)).renewed
+            outcome = await self._renew_request(conn)
         except DflockError:  # the request closed it: the grant ends with its old session
             return False
         except BaseException:
             self.abandon()
             raise
+        if outcome.reattach and not outcome.renewed:
+            self.abandon()
+        return outcome.renewed
 
     async def renew_guarded(self, scheduled: bool) -> bool | None:
         """`renew_once`; an unexpected error marks the lock lost instead of escaping."""

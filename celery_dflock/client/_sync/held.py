@@ -228,16 +228,20 @@ class Holding:
 
     def _confirm(self, conn: Connection) -> bool:
         """`start_renewing`'s confirmation of a grant made in a session that ended (``conn``
-        pinned: an interruption abandons the grant, released by token in the background)."""
+        pinned: an interruption abandons the grant, released by token in the background, as is
+        one whose renewal got no answer: the live session it joined would keep it)."""
         try:
             conn.rejoin()
             self.core.grant.session = conn.session  # where the server has it now, if anywhere
-            return (self._renew_request(conn)).renewed
+            outcome = self._renew_request(conn)
         except DflockError:  # the request closed it: the grant ends with its old session
             return False
         except BaseException:
             self.abandon()
             raise
+        if outcome.reattach and not outcome.renewed:
+            self.abandon()
+        return outcome.renewed
 
     def renew_guarded(self, scheduled: bool) -> bool | None:
         """`renew_once`; an unexpected error marks the lock lost instead of escaping."""
