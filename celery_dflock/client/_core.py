@@ -49,7 +49,7 @@ from celery_dflock.client._settings import (
     Endpoint,
     whole_seconds,
 )
-from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
+from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
@@ -329,17 +329,15 @@ class LockCore:
                 self.endpoint.address,
             )
             return False
-        if isinstance(reply, ErrorReply):
-            if reply.code == wire.STATUS_ERROR_LEASE_EXPIRED:
-                logger.warning(
-                    "%s on %s was granted while queued, but its lease ran out before wait() "
-                    "collected it; call wait() sooner after enqueue() or use a longer lease",
-                    self.what,
-                    self.endpoint.address,
-                )
-                return False
-            raise self.error_for(command, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
+        if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_LEASE_EXPIRED:
+            logger.warning(
+                "%s on %s was granted while queued, but its lease ran out before wait() "
+                "collected it; call wait() sooner after enqueue() or use a longer lease",
+                self.what,
+                self.endpoint.address,
+            )
+            return False
+        raise self.error_for(command, reply)
 
     def on_take_over_reply(
         self,
@@ -362,9 +360,7 @@ class LockCore:
             return False
         if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
             return False
-        if isinstance(reply, ErrorReply):
-            raise self.error_for(Command.TAKE, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {Command.TAKE.label}")
+        raise self.error_for(Command.TAKE, reply)
 
     def on_release_reply(self, reply: Reply, *, retried: bool = False) -> bool:
         """Read the reply to ``r``/``sr``: True if this release freed the lock.
@@ -391,7 +387,7 @@ class LockCore:
         )
         return False
 
-    def error_for(self, command: Command, reply: ErrorReply) -> DflockError:
+    def error_for(self, command: Command, reply: Reply) -> DflockError:
         return refusal_error(
             command,
             reply,
