@@ -39,7 +39,7 @@ def renew_request(
     server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
 ) -> Request:
     check_lease(server, where, describe_lock(key), lease_ttl)
-    return Command.RENEW, checked_renew(key, token, lease_ttl, semaphore=False), REPLY_GRACE_S
+    return Command.RENEW, checked_renew(Command.RENEW, key, token, lease_ttl), REPLY_GRACE_S
 
 
 def detach_request(

@@ -203,10 +203,8 @@ class LockCore:
             if timeout_s is None
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
-        semaphore = self.routing.limit is not None
-        command = Command.SEM_WAIT if semaphore else Command.WAIT
-        data = checked_wait(self.key, timeout, semaphore=semaphore)
-        return command, data, timeout + REPLY_GRACE_S
+        command = Command.WAIT if self.routing.limit is None else Command.SEM_WAIT
+        return command, checked_wait(command, self.key, timeout), timeout + REPLY_GRACE_S
 
     def _held_token(self) -> str:
         if self.state is not LockState.HELD or self.grant.token is None:
@@ -215,9 +213,8 @@ class LockCore:
 
     def renew_request(self) -> Request:
         token = self._held_token()
-        semaphore = self.routing.limit is not None
-        data = checked_renew(self.key, token, self.lease_ttl_s, semaphore=semaphore)
-        command = Command.SEM_RENEW if semaphore else Command.RENEW
+        command = Command.RENEW if self.routing.limit is None else Command.SEM_RENEW
+        data = checked_renew(command, self.key, token, self.lease_ttl_s)
         return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
