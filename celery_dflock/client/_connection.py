@@ -89,8 +89,7 @@ class SocketTransport:
                 (endpoint.host, endpoint.port), timeout=endpoint.connect_timeout_s
             )
         except OSError as exc:
-            detail = exc.strerror or str(exc) or type(exc).__name__
-            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+            raise endpoint.unavailable(exc) from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if endpoint.ssl_context is not None:
@@ -98,7 +97,7 @@ class SocketTransport:
         except OSError as exc:
             sock.close()
             _close_made_tls_socket(exc)
-            raise ServerUnavailable(endpoint.unavailable_message(f"TLS setup: {exc}")) from exc
+            raise endpoint.unavailable(f"TLS setup: {exc}") from exc
         return cls(endpoint, sock)
 
     def _exchange_timeouts(self, command: Command, data: bytes, timeout: float) -> Reply:
@@ -316,10 +315,9 @@ class AsyncStreamTransport:
                 writer = asyncio.StreamWriter(transport, stream, reader, loop)
         except TimeoutError as exc:
             detail = f"no connection within {endpoint.connect_timeout_s}s"
-            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+            raise endpoint.unavailable(detail) from exc
         except OSError as exc:
-            detail = exc.strerror or str(exc) or type(exc).__name__
-            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+            raise endpoint.unavailable(exc) from exc
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
