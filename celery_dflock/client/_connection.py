@@ -119,15 +119,14 @@ class SocketTransport:
     def _exchange_polling(self, command: Command, data: bytes, timeout: float) -> Reply:
         # The parser's buffer is empty here: bytes left after a reply close the connection.
         deadline = time.monotonic() + timeout
-        sock, parser = self.sock, self.parser
+        sock, parser, poller = self.sock, self.parser, self._poller
+        assert poller is not None
         try:
             sent = sock.send(data) if data else 0
         except BlockingIOError:
             sent = 0
         if sent < len(data):
-            self._send_rest(data, sent, deadline)
-        poller = self._poller
-        assert poller is not None
+            self._send_rest(poller, data, sent, deadline)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -147,10 +146,8 @@ class SocketTransport:
             if (reply := parser.feed_reply(command, chunk)) is not None:
                 return reply
 
-    def _send_rest(self, data: bytes, sent: int, deadline: float) -> None:
+    def _send_rest(self, poller: select.poll, data: bytes, sent: int, deadline: float) -> None:
         """Send what the socket's buffer did not take at once (rare: requests are short)."""
-        poller = self._poller
-        assert poller is not None
         view = memoryview(data)[sent:]
         poller.modify(self.sock, _POLL_OUT)
         try:
