@@ -14,6 +14,7 @@ from celery_dflock.client._requests import (
     PING_REQUEST,
     SHARDS_REQUEST,
     STATS_REQUEST,
+    Command,
     checked_enqueue,
     checked_hold,
     checked_lock,
@@ -76,4 +77,4 @@ def enqueue(key: str = SLOT) -> bytes:
 
 def renew(key: str, token: str, lease_s: int) -> bytes:
     """``n <key> <token> <lease>``."""
-    return checked_renew(key, token, lease_s, semaphore=False)
+    return checked_renew(Command.RENEW, key, token, lease_s)

@@ -22,7 +22,7 @@ from celery_dflock.client._servers import (
     require_holds,
 )
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, check_limit
-from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
+from celery_dflock.client.errors import ForceReleaseUnsupported, ServerUnavailable
 
 Request = tuple[Command, bytes, float]
 """(command, bytes, reply timeout)."""
@@ -39,7 +39,7 @@ def renew_request(
     server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
 ) -> Request:
     check_lease(server, where, describe_lock(key), lease_ttl)
-    return Command.RENEW, checked_renew(key, token, lease_ttl, semaphore=False), REPLY_GRACE_S
+    return Command.RENEW, checked_renew(Command.RENEW, key, token, lease_ttl), REPLY_GRACE_S
 
 
 def detach_request(
@@ -76,9 +76,7 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
             f"server {endpoint.address} refused the force release of {describe_lock(key)} "
             "('error'): it does not know the request (a server that predates it)"
         )
-    if isinstance(reply, ErrorReply):
-        raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
-    raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
+    raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
 
 
 def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
@@ -87,6 +85,4 @@ def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
         return True
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         return False
-    if isinstance(reply, ErrorReply):
-        raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
-    raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
+    raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)

@@ -89,8 +89,7 @@ class SocketTransport:
                 (endpoint.host, endpoint.port), timeout=endpoint.connect_timeout_s
             )
         except OSError as exc:
-            detail = exc.strerror or str(exc) or type(exc).__name__
-            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+            raise endpoint.unavailable(exc) from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if endpoint.ssl_context is not None:
@@ -98,7 +97,7 @@ class SocketTransport:
         except OSError as exc:
             sock.close()
             _close_made_tls_socket(exc)
-            raise ServerUnavailable(endpoint.unavailable_message(f"TLS setup: {exc}")) from exc
+            raise endpoint.unavailable(f"TLS setup: {exc}") from exc
         return cls(endpoint, sock)
 
     def _exchange_timeouts(self, command: Command, data: bytes, timeout: float) -> Reply:
@@ -120,15 +119,14 @@ class SocketTransport:
     def _exchange_polling(self, command: Command, data: bytes, timeout: float) -> Reply:
         # The parser's buffer is empty here: bytes left after a reply close the connection.
         deadline = time.monotonic() + timeout
-        sock, parser = self.sock, self.parser
+        sock, parser, poller = self.sock, self.parser, self._poller
+        assert poller is not None
         try:
             sent = sock.send(data) if data else 0
         except BlockingIOError:
             sent = 0
         if sent < len(data):
-            self._send_rest(data, sent, deadline)
-        poller = self._poller
-        assert poller is not None
+            self._send_rest(poller, data, sent, deadline)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -148,10 +146,8 @@ class SocketTransport:
             if (reply := parser.feed_reply(command, chunk)) is not None:
                 return reply
 
-    def _send_rest(self, data: bytes, sent: int, deadline: float) -> None:
+    def _send_rest(self, poller: select.poll, data: bytes, sent: int, deadline: float) -> None:
         """Send what the socket's buffer did not take at once (rare: requests are short)."""
-        poller = self._poller
-        assert poller is not None
         view = memoryview(data)[sent:]
         poller.modify(self.sock, _POLL_OUT)
         try:
@@ -316,10 +312,9 @@ class AsyncStreamTransport:
                 writer = asyncio.StreamWriter(transport, stream, reader, loop)
         except TimeoutError as exc:
             detail = f"no connection within {endpoint.connect_timeout_s}s"
-            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+            raise endpoint.unavailable(detail) from exc
         except OSError as exc:
-            detail = exc.strerror or str(exc) or type(exc).__name__
-            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+            raise endpoint.unavailable(exc) from exc
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -49,7 +49,7 @@ from celery_dflock.client._settings import (
     Endpoint,
     whole_seconds,
 )
-from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
+from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
@@ -203,10 +203,8 @@ class LockCore:
             if timeout_s is None
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
-        semaphore = self.routing.limit is not None
-        command = Command.SEM_WAIT if semaphore else Command.WAIT
-        data = checked_wait(self.key, timeout, semaphore=semaphore)
-        return command, data, timeout + REPLY_GRACE_S
+        command = Command.WAIT if self.routing.limit is None else Command.SEM_WAIT
+        return command, checked_wait(command, self.key, timeout), timeout + REPLY_GRACE_S
 
     def _held_token(self) -> str:
         if self.state is not LockState.HELD or self.grant.token is None:
@@ -215,9 +213,8 @@ class LockCore:
 
     def renew_request(self) -> Request:
         token = self._held_token()
-        semaphore = self.routing.limit is not None
-        data = checked_renew(self.key, token, self.lease_ttl_s, semaphore=semaphore)
-        command = Command.SEM_RENEW if semaphore else Command.RENEW
+        command = Command.RENEW if self.routing.limit is None else Command.SEM_RENEW
+        data = checked_renew(command, self.key, token, self.lease_ttl_s)
         return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
@@ -329,17 +326,15 @@ class LockCore:
                 self.endpoint.address,
             )
             return False
-        if isinstance(reply, ErrorReply):
-            if reply.code == wire.STATUS_ERROR_LEASE_EXPIRED:
-                logger.warning(
-                    "%s on %s was granted while queued, but its lease ran out before wait() "
-                    "collected it; call wait() sooner after enqueue() or use a longer lease",
-                    self.what,
-                    self.endpoint.address,
-                )
-                return False
-            raise self.error_for(command, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
+        if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_LEASE_EXPIRED:
+            logger.warning(
+                "%s on %s was granted while queued, but its lease ran out before wait() "
+                "collected it; call wait() sooner after enqueue() or use a longer lease",
+                self.what,
+                self.endpoint.address,
+            )
+            return False
+        raise self.error_for(command, reply)
 
     def on_take_over_reply(
         self,
@@ -362,9 +357,7 @@ class LockCore:
             return False
         if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
             return False
-        if isinstance(reply, ErrorReply):
-            raise self.error_for(Command.TAKE, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {Command.TAKE.label}")
+        raise self.error_for(Command.TAKE, reply)
 
     def on_release_reply(self, reply: Reply, *, retried: bool = False) -> bool:
         """Read the reply to ``r``/``sr``: True if this release freed the lock.
@@ -391,7 +384,7 @@ class LockCore:
         )
         return False
 
-    def error_for(self, command: Command, reply: ErrorReply) -> DflockError:
+    def error_for(self, command: Command, reply: Reply) -> DflockError:
         return refusal_error(
             command,
             reply,

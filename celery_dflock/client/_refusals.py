@@ -19,13 +19,16 @@ def describe_lock(key: str, limit: int | None = None) -> str:
 
 def refusal_error(
     command: Command,
-    reply: ErrorReply,
+    reply: Reply,
     *,
     what: str,
     endpoint: Endpoint,
     limit: int | None = None,
     lease_ttl_s: int | None = None,
 ) -> errors.DflockError:
+    """The error for ``reply``, a refusal, or a reply ``command`` does not take."""
+    if not isinstance(reply, ErrorReply):
+        return errors.ProtocolError(f"unexpected reply {reply!r} to {command.label}")
     where = endpoint.address
     code = reply.code
     if code == wire.STATUS_ERROR_MAX_LOCKS:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from celery_dflock.client import wire
-from celery_dflock.client._requests import NOTE_RE, TOKEN_RE, Command, fence_of
+from celery_dflock.client._requests import NOTE_RE, TOKEN_RE, Command
 from celery_dflock.client.errors import ProtocolError
 
 MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024
@@ -27,10 +27,6 @@ class Granted:
 
     token: str
     lease: int
-
-    @property
-    def fence(self) -> int:
-        return fence_of(self.token)
 
     def __repr__(self) -> str:  # never print a bearer credential in full
         return f"Granted(token='{self.token[:8]}...', lease={self.lease})"

@@ -141,8 +141,8 @@ def checked_enqueue(key: str, limit: int | None, lease_s: int | None) -> bytes:
     return _request(Command.SEM_ENQUEUE, key, f"{limit}{_checked_lease(lease_s)}")
 
 
-def checked_renew(key: str, token: str, lease_s: int | None, *, semaphore: bool) -> bytes:
-    command = Command.SEM_RENEW if semaphore else Command.RENEW
+def checked_renew(command: Command, key: str, token: str, lease_s: int | None) -> bytes:
+    """``n`` or ``sn`` (``command``)."""
     return _request(command, key, token + _checked_lease(lease_s))
 
 
@@ -163,8 +163,9 @@ def checked_force_release(key: str, note: str | None = None) -> bytes:
     return _request(Command.FORCE_RELEASE, key, wire.PLACEHOLDER if note is None else note)
 
 
-def checked_wait(key: str, timeout_s: int, *, semaphore: bool) -> bytes:
-    return _request(Command.SEM_WAIT if semaphore else Command.WAIT, key, str(timeout_s))
+def checked_wait(command: Command, key: str, timeout_s: int) -> bytes:
+    """``w`` or ``sw`` (``command``)."""
+    return _request(command, key, str(timeout_s))
 
 
 def encode_sem_release(key: str, token: str) -> bytes:

@@ -58,6 +58,15 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def server_of(key: str, settings: ClientSettings, router: ClusterRouter | None) -> tuple[str, int]:
+    """The ``(host, port)`` that owns ``key`` (no I/O; with ``router``, by its cached map, the
+    first seed while there is none)."""
+    servers = settings.servers
+    if router is not None:
+        return router.owner(key) or servers[0]
+    return servers[select_server(key, servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
+
+
 class ClusterRouter:
     """One client's cached cluster map, shared by its locks (thread safe), fetched from the
     first of the ``seeds`` that answers ``shards``."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from celery_dflock.client import wire
-from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.client.errors import InvalidValueError, ServerUnavailable
 from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard, validate_servers
 
 DEFAULT_SERVERS: Final[tuple[tuple[str, int], ...]] = (("127.0.0.1", wire.DEFAULT_PORT),)
@@ -57,15 +57,16 @@ class Endpoint:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def unavailable_message(self, detail: str) -> str:
-        """Why ``host:port`` cannot be used, and what to do."""
-        if self.ssl_context is not None and any(why in detail for why in _PLAIN_REPLY):
-            return (
+    def unavailable(self, why: str | OSError) -> ServerUnavailable:
+        """Why ``host:port`` cannot be used (``why``: what failed), and what to do."""
+        detail = why if isinstance(why, str) else why.strerror or str(why) or type(why).__name__
+        if self.ssl_context is not None and any(reason in detail for reason in _PLAIN_REPLY):
+            return ServerUnavailable(
                 f"the dflockd lock server at {self.address} answers without TLS ({detail}): "
                 "connect to it without TLS (ssl_context=None; in Celery leave `dflock_ssl` "
                 "unset), or start it with --tls-cert and --tls-key"
             )
-        return (
+        return ServerUnavailable(
             f"cannot reach the dflockd lock server at {self.address} ({detail}); "
             "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
             "in Celery the `dflock_servers` setting)"

@@ -129,9 +129,9 @@ def test_two_replies_in_one_chunk_one_byte_at_a_time() -> None:
     assert replies == [Queued(), Granted(TOKEN, 5)]
 
 
-def test_granted_exposes_fence_and_hides_token_in_repr() -> None:
+def test_granted_hides_token_in_repr() -> None:
     granted = Granted(TOKEN, 33)
-    assert granted.fence == int(TOKEN[:16], 16) == 0x0000018F2B3C4D5E
+    assert _requests.fence_of(granted.token) == 0x0000018F2B3C4D5E
     assert TOKEN not in repr(granted)
 
 
@@ -254,18 +254,20 @@ def test_decode_reply_single_line() -> None:
 def test_encoders_produce_exact_requests() -> None:
     assert _requests.checked_lock("k", 10, None) == b"l\nk\n10\n"
     assert _requests.checked_lock("k", 0, 60) == b"l\nk\n0 60\n"
-    assert _requests.checked_renew("k", TOKEN, None, semaphore=False) == f"n\nk\n{TOKEN}\n".encode()
-    assert _requests.checked_renew("k", TOKEN, 5, semaphore=False) == f"n\nk\n{TOKEN} 5\n".encode()
+    assert _requests.checked_renew(Command.RENEW, "k", TOKEN, None) == f"n\nk\n{TOKEN}\n".encode()
+    assert _requests.checked_renew(Command.RENEW, "k", TOKEN, 5) == f"n\nk\n{TOKEN} 5\n".encode()
     assert _requests.checked_release("k", TOKEN) == f"r\nk\n{TOKEN}\n".encode()
     assert _requests.checked_enqueue("k", None, None) == b"e\nk\n\n"
     assert _requests.checked_enqueue("k", None, 30) == b"e\nk\n30\n"
-    assert _requests.checked_wait("k", 3, semaphore=False) == b"w\nk\n3\n"
+    assert _requests.checked_wait(Command.WAIT, "k", 3) == b"w\nk\n3\n"
     assert _requests.checked_sem_lock("s", 5, 3, None) == b"sl\ns\n5 3\n"
     assert _requests.checked_sem_lock("s", 5, 3, 20) == b"sl\ns\n5 3 20\n"
     assert _requests.checked_enqueue("s", 3, None) == b"se\ns\n3\n"
     assert _requests.checked_enqueue("s", 3, 20) == b"se\ns\n3 20\n"
-    assert _requests.checked_wait("s", 0, semaphore=True) == b"sw\ns\n0\n"
-    assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
+    assert _requests.checked_wait(Command.SEM_WAIT, "s", 0) == b"sw\ns\n0\n"
+    assert (
+        _requests.checked_renew(Command.SEM_RENEW, "s", TOKEN, 8) == f"sn\ns\n{TOKEN} 8\n".encode()
+    )
     assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
     assert _requests.checked_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert _requests.STATS_REQUEST == b"stats\n_\n_\n"
@@ -277,14 +279,14 @@ def test_encoders_produce_exact_requests() -> None:
 def test_every_command_has_an_encoder() -> None:
     encoded = {
         _requests.checked_lock("k", 1, None),
-        _requests.checked_renew("k", TOKEN, None, semaphore=False),
+        _requests.checked_renew(Command.RENEW, "k", TOKEN, None),
         _requests.checked_release("k", TOKEN),
         _requests.checked_enqueue("k", None, None),
-        _requests.checked_wait("k", 1, semaphore=False),
+        _requests.checked_wait(Command.WAIT, "k", 1),
         _requests.checked_sem_lock("k", 1, 2, None),
         _requests.checked_enqueue("k", 2, None),
-        _requests.checked_wait("k", 1, semaphore=True),
-        _requests.checked_renew("k", TOKEN, None, semaphore=True),
+        _requests.checked_wait(Command.SEM_WAIT, "k", 1),
+        _requests.checked_renew(Command.SEM_RENEW, "k", TOKEN, None),
         _requests.encode_sem_release("k", TOKEN),
         _requests.checked_auth("x"),
         _requests.STATS_REQUEST,

@@ -30,7 +30,7 @@ from celery_dflock.client._async.status import ask, ask_shards
 from celery_dflock.client._by_token import Request
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._replies import Ok
-from celery_dflock.client._router import ClusterRouter, split_address
+from celery_dflock.client._router import ClusterRouter, server_of, split_address
 from celery_dflock.client._servers import Hold, ServerInfo
 from celery_dflock.client._settings import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
@@ -46,7 +46,7 @@ from celery_dflock.client._settings import (
 )
 from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client.errors import InvalidValueError
-from celery_dflock.client.sharding import CLUSTER, Routing, select_server, stable_hash_shard
+from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard
 
 __all__ = ["AsyncClient"]
 
@@ -132,8 +132,7 @@ class AsyncClient:
     ) -> AsyncDistributedLock:
         """An unacquired lock on ``key``; None: the client's default. ``note``: the owner note
         each acquire gives a server with holds (``stats`` and ``lock.holder`` show it)."""
-        timeout, lease = self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s)
-        core = self._core(key, timeout, lease, note=note)
+        core = self._core(key, acquire_timeout_s, lease_ttl_s, note=note)
         return AsyncDistributedLock._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def semaphore(
@@ -147,34 +146,30 @@ class AsyncClient:
     ) -> AsyncDistributedSemaphore:
         """An unacquired semaphore of ``limit`` slots on ``key``."""
         slots = check_limit(limit, semaphore=True)
-        timeout, lease = self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s)
-        core = self._core(key, timeout, lease, limit=slots)
+        core = self._core(key, acquire_timeout_s, lease_ttl_s, limit=slots)
         return AsyncDistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def _core(
         self,
         key: str,
-        acquire_timeout_s: int | None,
+        acquire_timeout_s: float | None,
         lease_ttl_s: int | None,
         *,
         limit: int | None = None,
         note: str | None = None,
     ) -> LockCore:
+        """A lock's core, its timeout and lease checked here (None: the client's)."""
+        if acquire_timeout_s is not None:
+            acquire_timeout_s = whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
         return LockCore(
             key,
             self._settings,
             limit=limit,
             acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=lease_ttl_s,
+            lease_ttl_s=self._lease(lease_ttl_s),
             router=self._router,
             note=note,
         )
-
-    @staticmethod
-    def _acquire_timeout(acquire_timeout_s: float | None) -> int | None:
-        if acquire_timeout_s is None:
-            return None  # the client's
-        return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
 
     @staticmethod
     def _lease(lease_ttl_s: int | None) -> int | None:
@@ -183,10 +178,7 @@ class AsyncClient:
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
         the first seed while there is none)."""
-        router, settings = self._router, self._settings
-        if router is not None:
-            return router.owner(key) or settings.servers[0]
-        return settings.servers[select_server(key, settings.servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
+        return server_of(key, self._settings, self._router)
 
     async def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True

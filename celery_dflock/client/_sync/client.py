@@ -27,7 +27,7 @@ from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._by_token import Request
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._replies import Ok
-from celery_dflock.client._router import ClusterRouter, split_address
+from celery_dflock.client._router import ClusterRouter, server_of, split_address
 from celery_dflock.client._servers import Hold, ServerInfo
 from celery_dflock.client._settings import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
@@ -48,7 +48,7 @@ from celery_dflock.client._sync.routing import send_by_token, send_to_owner
 from celery_dflock.client._sync.status import ask, ask_shards
 from celery_dflock.client._sync_backend import gather
 from celery_dflock.client.errors import InvalidValueError
-from celery_dflock.client.sharding import CLUSTER, Routing, select_server, stable_hash_shard
+from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard
 
 __all__ = ["Client"]
 
@@ -134,8 +134,7 @@ class Client:
     ) -> DistributedLock:
         """An unacquired lock on ``key``; None: the client's default. ``note``: the owner note
         each acquire gives a server with holds (``stats`` and ``lock.holder`` show it)."""
-        timeout, lease = self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s)
-        core = self._core(key, timeout, lease, note=note)
+        core = self._core(key, acquire_timeout_s, lease_ttl_s, note=note)
         return DistributedLock._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def semaphore(
@@ -149,34 +148,30 @@ class Client:
     ) -> DistributedSemaphore:
         """An unacquired semaphore of ``limit`` slots on ``key``."""
         slots = check_limit(limit, semaphore=True)
-        timeout, lease = self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s)
-        core = self._core(key, timeout, lease, limit=slots)
+        core = self._core(key, acquire_timeout_s, lease_ttl_s, limit=slots)
         return DistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def _core(
         self,
         key: str,
-        acquire_timeout_s: int | None,
+        acquire_timeout_s: float | None,
         lease_ttl_s: int | None,
         *,
         limit: int | None = None,
         note: str | None = None,
     ) -> LockCore:
+        """A lock's core, its timeout and lease checked here (None: the client's)."""
+        if acquire_timeout_s is not None:
+            acquire_timeout_s = whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
         return LockCore(
             key,
             self._settings,
             limit=limit,
             acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=lease_ttl_s,
+            lease_ttl_s=self._lease(lease_ttl_s),
             router=self._router,
             note=note,
         )
-
-    @staticmethod
-    def _acquire_timeout(acquire_timeout_s: float | None) -> int | None:
-        if acquire_timeout_s is None:
-            return None  # the client's
-        return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
 
     @staticmethod
     def _lease(lease_ttl_s: int | None) -> int | None:
@@ -185,10 +180,7 @@ class Client:
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
         the first seed while there is none)."""
-        router, settings = self._router, self._settings
-        if router is not None:
-            return router.owner(key) or settings.servers[0]
-        return settings.servers[select_server(key, settings.servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
+        return server_of(key, self._settings, self._router)
 
     def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True

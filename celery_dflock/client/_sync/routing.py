@@ -16,14 +16,13 @@ from celery_dflock.client import _requests, wire
 from celery_dflock.client._by_token import Request
 from celery_dflock.client._replies import Asked, ErrorReply, Moved, Ok, Reply
 from celery_dflock.client._requests import Command
-from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
+from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, server_of, split_address
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import ClientSettings, Endpoint
 from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from celery_dflock.client.sharding import select_server
 
 Checkout = abc.Callable[[Endpoint], Connection]
 Checkin = abc.Callable[[Connection], None]
@@ -89,29 +88,27 @@ def send_by_token(
 ) -> tuple[Command, Reply, Endpoint]:
     """One request about a grant of ``key`` named by its token, routed as the key's acquire
     is, on a pooled connection: the command sent, its reply, and the server that answered."""
-    servers = settings.servers
-    if router is None:
-        owner = servers[select_server(key, servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
-    else:
-        if router.map is None or router.stale:
-            refresh_map(router, pool.checkout, pool.checkin, settings, f"key {key!r}")
-        owner = router.owner(key) or servers[0]
+    if router is not None and (router.map is None or router.stale):
+        refresh_map(router, pool.checkout, pool.checkin, settings, f"key {key!r}")
+    owner = server_of(key, settings, router)
     endpoint = settings.endpoint(*owner)
-    address = endpoint.address
-    command, reply = request_once(
-        pool.checkout, pool.checkin, endpoint, lambda server: build(server, address)
-    )
+    command, reply = _request_at(pool, endpoint, build)
     target = None if router is None else router.target(key)
     if target is not None and target != owner and reply == ErrorReply(wire.STATUS_ERROR):
         # Not known at the current member: a key of a split shard may be held at its target.
         endpoint = settings.endpoint(*target)
-        command, reply = request_once(
-            pool.checkout,
-            pool.checkin,
-            endpoint,
-            lambda server, at=endpoint.address: build(server, at),
-        )
+        command, reply = _request_at(pool, endpoint, build)
     return command, reply, endpoint
+
+
+def _request_at(
+    pool: ConnectionPool, endpoint: Endpoint, build: BuildAt, asking: bytes = b""
+) -> tuple[Command, Reply]:
+    """`request_once` on a connection of ``pool``, ``build`` told ``endpoint``'s address."""
+    address = endpoint.address
+    return request_once(
+        pool.checkout, pool.checkin, endpoint, lambda server: build(server, address), asking
+    )
 
 
 def send_to_owner(
@@ -135,12 +132,5 @@ def send_to_owner(
             router.invalidate()
         asking = _requests.encode_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
         endpoint = settings.endpoint(*split_address(reply.address))
-        address = endpoint.address
-        command, reply = request_once(
-            pool.checkout,
-            pool.checkin,
-            endpoint,
-            lambda server, at=address: build(server, at),
-            asking,
-        )
+        command, reply = _request_at(pool, endpoint, build, asking)
     return command, reply, endpoint
