@@ -31,7 +31,7 @@ from dflockd_server.cluster.asktickets import TICKET_LIFE_S
 from dflockd_server.conditions import Condition
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
-from dflockd_server.fence import FenceStateError
+from dflockd_server.fence import FenceStateError, FileCeilingStore
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal, paused_gc
 from dflockd_server.leasebound import LeaseBound
@@ -292,9 +292,10 @@ class Server:
             self.fence = fence = node.fence
         else:
             fence_file = plan.fence_file
+            store = None if fence_file is None else FileCeilingStore(fence_file)
             # On a full disk the first ceiling is stored before the first token instead.
             self.fence = fence = await loop.run_in_executor(
-                None, lambda: FenceCounter(fence_file, defer_failed_store=True)
+                None, lambda: FenceCounter(store=store, defer_failed_store=True)
             )
         # Each next ceiling is stored ahead of the counter on a thread of its own (tokens),
         # started now, not at the first store (half a block of grants later): a server that

@@ -14,38 +14,6 @@ from typing import Final
 
 from dflockd_server import constants as c
 
-__all__ = [
-    "LineTooLong",
-    "Malformed",
-    "RequestFramer",
-    "check_text",
-    "parse_asking",
-    "parse_auth",
-    "parse_enqueue",
-    "parse_force_release",
-    "parse_hand_down",
-    "parse_hello",
-    "parse_hold",
-    "parse_lock",
-    "parse_note",
-    "parse_release",
-    "parse_renew",
-    "parse_sem_enqueue",
-    "parse_sem_lock",
-    "parse_take",
-    "parse_wait",
-    "reply_acquired",
-    "reply_ask",
-    "reply_bound",
-    "reply_granted",
-    "reply_held_by",
-    "reply_hello",
-    "reply_json",
-    "reply_moved",
-    "reply_number",
-    "unknown_command",
-]
-
 # A byte is looked for in bytes as an int (``32 in key``): ``b" " in key`` costs CPython a
 # TypeError raised and cleared.
 _CR: Final = 13  # b"\r"

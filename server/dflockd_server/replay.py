@@ -50,17 +50,6 @@ from dataclasses import dataclass, field
 
 from dflockd_server.recorded import RecordedGrant, RecordedGrants
 
-__all__ = [
-    "COMPLETE_SUFFIX",
-    "VERSION",
-    "JournalRead",
-    "Restore",
-    "boot_id",
-    "paused_gc",
-    "read_journal",
-    "restored_leases",
-]
-
 VERSION = "3"
 """Written in the header; versions 1 (no fsync field) and 2 (no batches) are read too."""
 COMPLETE_SUFFIX = ".complete"

@@ -43,15 +43,6 @@ from dflockd_server.replay import (
 )
 from dflockd_server.settings import names
 
-__all__ = [
-    "NO_STATE",
-    "StartPlan",
-    "StateDir",
-    "default_state_dir",
-    "plan_start",
-    "resolve_state_dir",
-]
-
 log = logging.getLogger("dflockd_server")
 
 NO_STATE = "none"

@@ -31,7 +31,7 @@ from concurrent.futures import Executor
 from typing import Final
 
 from dflockd_server import constants as c
-from dflockd_server.fence import CeilingStore, FenceStateError, FileCeilingStore
+from dflockd_server.fence import CeilingStore, FenceStateError
 
 log = logging.getLogger("dflockd_server")
 
@@ -70,7 +70,6 @@ class FenceCounter:
 
     def __init__(
         self,
-        state_file: str | None = None,
         *,
         store: CeilingStore | None = None,
         wall_clock_ns: Callable[[], int] = time.time_ns,
@@ -81,11 +80,7 @@ class FenceCounter:
         """``persist_block``: how far ahead of the counter each stored ceiling is.
         ``defer_failed_store``: when the first ceiling cannot be stored (a full disk at the
         start), start anyway and issue no token until it is."""
-        if state_file is not None and store is not None:
-            raise ValueError("a fence counter takes a state file or a ceiling store, not both")
-        self._store: CeilingStore | None = (
-            FileCeilingStore(state_file) if state_file is not None else store
-        )
+        self._store = store
         self._random = random_bytes
         self._block = persist_block
         self._lock = threading.Lock()

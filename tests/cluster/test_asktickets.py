@@ -22,7 +22,7 @@ from dflockd_server.cluster.clockskew import ClockSkew
 from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
-from dflockd_server.fence import fence_of
+from dflockd_server.fence import FileCeilingStore, fence_of
 from dflockd_server.protocol import REPLY_ERROR
 from dflockd_server.tokens import FenceCounter
 
@@ -75,7 +75,9 @@ def test_the_importing_member_raises_its_counter_above_a_tickets_floor(tmp_path:
     above it, not there (the node's thread stores a higher ceiling first): the next token is
     above the floor either way once it returned True."""
     counter = FenceCounter(
-        str(tmp_path / "fence"), wall_clock_ns=lambda: 1_000, persist_block=1_000
+        store=FileCeilingStore(str(tmp_path / "fence")),
+        wall_clock_ns=lambda: 1_000,
+        persist_block=1_000,
     )
     assert counter.ceiling == 2_000
     assert counter.raise_within(500)  # already above

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflockd_server import Config, constants
-from dflockd_server.fence import FenceStateError, read_ceiling
+from dflockd_server.fence import FenceStateError, FileCeilingStore, read_ceiling
 from dflockd_server.testing import ServerThread
 from dflockd_server.tokens import FenceCounter
 from tests.support.wire import Wire, fence
@@ -66,7 +66,7 @@ def test_persisted_ceiling_wins_over_a_clock_that_went_back(tmp_path: Path) -> N
 
 def test_ceiling_is_written_in_blocks_not_per_grant(tmp_path: Path) -> None:
     state = str(tmp_path / "fence.state")
-    counter = FenceCounter(state, wall_clock_ns=lambda: 1_000)
+    counter = FenceCounter(store=FileCeilingStore(state), wall_clock_ns=lambda: 1_000)
     first_ceiling = read_ceiling(state)
     assert first_ceiling == 1_000 + constants.FENCE_PERSIST_BLOCK
     stamp = os.stat(state).st_mtime_ns
@@ -80,13 +80,17 @@ def test_ceiling_is_written_in_blocks_not_per_grant(tmp_path: Path) -> None:
 
 def test_ceiling_moves_ahead_when_reached(tmp_path: Path) -> None:
     state = str(tmp_path / "fence.state")
-    counter = FenceCounter(state, wall_clock_ns=lambda: 500, persist_block=10)
+    counter = FenceCounter(
+        store=FileCeilingStore(state), wall_clock_ns=lambda: 500, persist_block=10
+    )
     assert read_ceiling(state) == 510
     issued = [fence(counter.next_token()) for _ in range(25)]
     assert issued == list(range(501, 526))
     # Rewritten when the counter reached 510 and 520: always ahead of what was issued.
     assert read_ceiling(state) == 530
-    restarted = FenceCounter(state, wall_clock_ns=lambda: 0, persist_block=10)
+    restarted = FenceCounter(
+        store=FileCeilingStore(state), wall_clock_ns=lambda: 0, persist_block=10
+    )
     assert fence(restarted.next_token()) > issued[-1]
 
 
@@ -94,7 +98,7 @@ def test_unreadable_state_file_is_an_error(tmp_path: Path) -> None:
     state = tmp_path / "fence.state"
     state.write_text("not a number\n")
     with pytest.raises(FenceStateError, match="does not hold a decimal counter"):
-        FenceCounter(str(state))
+        FenceCounter(store=FileCeilingStore(str(state)))
 
 
 def test_each_token_spells_its_own_counter_across_byte_boundaries_and_raises() -> None:
@@ -126,7 +130,7 @@ def test_a_raise_into_the_last_half_block_stores_the_next_ceiling_itself(tmp_pat
     the other's ceiling, 2 under its own, and its next grant got ``error_read_only``.
     ``raise_within`` (on the loop, no store) leaves such a raise to the member's thread."""
     with ThreadPoolExecutor(max_workers=1) as ahead:
-        counter = FenceCounter(str(tmp_path / "fence"), persist_block=100)
+        counter = FenceCounter(store=FileCeilingStore(str(tmp_path / "fence")), persist_block=100)
         counter.store_ahead(ahead)
         near = counter.ceiling - 2
         assert not counter.raise_within(near)  # needs a store: not on the loop
