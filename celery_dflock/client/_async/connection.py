@@ -223,7 +223,7 @@ class AsyncConnection:
         """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
         reply, sent = await self._hello(_requests.encode_join_session(session.id, session.ttl))
         info = server_info(self.endpoint, reply, sent)  # raises for a refusal (auth, draining)
-        if isinstance(reply, _replies.Hello):
+        if isinstance(reply, _replies.JsonReply):
             self.server = info  # this run's (a restart grace, its run)
             session.durable = info.supports(wire.FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
@@ -277,7 +277,7 @@ class AsyncConnection:
     async def shards(self) -> dict[str, object] | None:
         """Which keys the server serves (None: it does not know ``shards``)."""
         reply = await self.request(Command.SHARDS, _requests.SHARDS_REQUEST)
-        return reply.data if isinstance(reply, _replies.Shards) else None
+        return reply.data if isinstance(reply, _replies.JsonReply) else None
 
     async def ping(self) -> bool:
         """True if the server answered ``ping``; a failure closes the connection."""
