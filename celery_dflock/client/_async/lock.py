@@ -582,11 +582,9 @@ class AsyncDistributedLock(AsyncLockBase):
                 sent = await holding.request_held(
                     conn, lambda server: core.hand_off_request(lease, server)
                 )
-            except BaseException:
+                broken = core.grant.broken
+            finally:
                 core.reset()
-                raise
-            broken = core.grant.broken
-            core.reset()
             if sent is None:
                 unreached("handing off", core, broken)
                 return False

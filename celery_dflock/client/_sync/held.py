@@ -231,8 +231,7 @@ class Holding:
                 self.release_locked()
             except Exception:  # the first exception is the one raised
                 logger.debug("releasing %s after a failed start failed", core.what, exc_info=True)
-            if core.state is not LockState.IDLE:
-                core.reset()
+            core.reset()
             raise
         return True
 
@@ -492,8 +491,7 @@ class Holding:
             reply = conn.request(command, data, timeout)
             if not isinstance(reply, Granted):  # not granted: nothing to read into the lock
                 return False
-            if not core.on_grant_reply(command, reply, sent, conn.server, conn.session):
-                return False
+            core.on_grant_reply(command, reply, sent, conn.server, conn.session)  # held now
             command, data, timeout = core.release_request()
             return isinstance(conn.request(command, data, timeout), Ok)
         except DflockError as exc:  # the connection broke, or a refusal: closing is all left
