@@ -1,7 +1,6 @@
 """Requests about a grant named by its token, without a lock object (no I/O here): release,
 renew, detach, note and force release, built and read here. What they carry comes checked (a
-lease here against the server's longest lease too), but a release's token and limit, checked
-here.
+lease here against the server's longest lease too), but a release's token, checked here.
 """
 
 from __future__ import annotations
@@ -21,18 +20,18 @@ from celery_dflock.client._servers import (
     require_force_release,
     require_holds,
 )
-from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, check_limit
+from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import ForceReleaseUnsupported, ServerUnavailable
 
 Request = tuple[Command, bytes, float]
 """(command, bytes, reply timeout)."""
 
 
-def release_request(key: str, token: str, limit: int | None = None) -> Request:
+def release_request(key: str, token: str, *, semaphore: bool = False) -> Request:
     token = _requests.validate_token(token)
-    if check_limit(limit) is None:
-        return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
-    return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
+    if semaphore:
+        return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
+    return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
 
 
 def renew_request(

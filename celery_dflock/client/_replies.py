@@ -64,22 +64,8 @@ class Ok:
 
 
 @dataclass(frozen=True, slots=True)
-class Stats:
-    """``ok <json>`` to ``stats``: the decoded JSON object."""
-
-    data: dict[str, object]
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """``ok <json>`` to ``hello``: the decoded JSON object."""
-
-    data: dict[str, object]
-
-
-@dataclass(frozen=True, slots=True)
-class Shards:
-    """``ok <json>`` to ``shards``: the decoded JSON object."""
+class JsonReply:
+    """``ok <json>`` to ``stats``, ``hello`` or ``shards``: the decoded JSON object."""
 
     data: dict[str, object]
 
@@ -121,9 +107,7 @@ Reply = (
     | Renewed
     | Ok
     | Freed
-    | Stats
-    | Hello
-    | Shards
+    | JsonReply
     | Moved
     | Asked
     | Bound
@@ -217,11 +201,7 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
 
 
 _OK: Final = Ok()
-_JSON_REPLIES: Final[dict[Command, type[Stats | Hello | Shards]]] = {
-    Command.STATS: Stats,
-    Command.HELLO: Hello,
-    Command.SHARDS: Shards,
-}
+_JSON_REPLIES: Final = frozenset({Command.STATS, Command.HELLO, Command.SHARDS})
 
 
 def decode_reply(command: Command, line: bytes) -> Reply:
@@ -275,7 +255,7 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         if command is Command.FORCE_RELEASE and len(fields) == 1:
             return Freed(_parse_uint(command, line, fields[0]))
         if command in _JSON_REPLIES and fields:
-            return _JSON_REPLIES[command](_parse_json_object(command, line, text[3:]))
+            return JsonReply(_parse_json_object(command, line, text[3:]))
     elif status == "timeout" and command in _GRANTING:
         if command is Command.HOLD and len(fields) <= 1:
             holder = fields[0] if fields else wire.NO_NOTE

@@ -122,7 +122,7 @@ def _seconds(value: object) -> int | None:
 def server_info(endpoint: Endpoint, reply: Reply, sent_at: float = 0.0) -> ServerInfo:
     """Interpret the reply to ``hello`` sent at ``sent_at`` (raises for ``error_auth`` /
     ``error_draining``)."""
-    if isinstance(reply, _replies.Hello):
+    if isinstance(reply, _replies.JsonReply):
         data = reply.data
         grace = data.get("grace_remaining_s")
         name, version, features = data.get("server"), data.get("version"), data.get("features")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_dflock.client import _replies, _requests, wire
-from celery_dflock.client._replies import Asked, ErrorReply, Moved, Ok, Shards
+from celery_dflock.client._replies import Asked, ErrorReply, JsonReply, Moved, Ok
 from celery_dflock.client._requests import Command
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.cluster import ClusterMap, ShardsInfo, fnv1a_32
@@ -38,7 +38,7 @@ SHARDS = shardmap.SHARD_COUNT
 # ------------------------------------------------------------------------------ codec, pure
 def test_the_shards_request_and_the_new_replies_byte_by_byte() -> None:
     assert _requests.SHARDS_REQUEST == b"shards\n_\n_\n"
-    assert _replies.decode_reply(Command.SHARDS, b'ok {"mode":"single"}') == Shards(
+    assert _replies.decode_reply(Command.SHARDS, b'ok {"mode":"single"}') == JsonReply(
         {"mode": "single"}
     )
     for command in (Command.LOCK, Command.SEM_LOCK, Command.ENQUEUE, Command.SEM_WAIT):

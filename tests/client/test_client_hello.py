@@ -20,7 +20,7 @@ from celery_dflock import (
     ServerDraining,
 )
 from celery_dflock.client._core import LockCore
-from celery_dflock.client._replies import ErrorReply, Granted, Hello, Ok
+from celery_dflock.client._replies import ErrorReply, Granted, JsonReply, Ok
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import LEGACY_SERVER, ServerInfo, server_info
 from celery_dflock.client._settings import ClientSettings, Endpoint
@@ -34,7 +34,7 @@ ENDPOINT = Endpoint("127.0.0.1", 1)
 def test_server_info_from_each_reply_to_hello() -> None:
     ours = server_info(
         ENDPOINT,
-        Hello({"server": "dflockd-server", "version": "0.2.0", "features": ["fence", "ping"]}),
+        JsonReply({"server": "dflockd-server", "version": "0.2.0", "features": ["fence", "ping"]}),
     )
     assert (ours.name, ours.version, ours.legacy, ours.fences) == (
         "dflockd-server",
@@ -142,10 +142,10 @@ def test_a_hello_without_the_limit_leaves_the_lease_to_the_server(
 def test_server_info_reads_only_a_positive_whole_limit() -> None:
     def limit(value: object) -> int | None:
         data = {"server": "s", "version": "1", "features": [], "max_lease_ttl_s": value}
-        return server_info(ENDPOINT, Hello(data)).max_lease_ttl_s
+        return server_info(ENDPOINT, JsonReply(data)).max_lease_ttl_s
 
     assert limit(300) == 300
     assert limit(0) is None
     assert limit("300") is None
     assert limit(True) is None
-    assert server_info(ENDPOINT, Hello({"server": "s"})).max_lease_ttl_s is None
+    assert server_info(ENDPOINT, JsonReply({"server": "s"})).max_lease_ttl_s is None

@@ -10,13 +10,12 @@ from celery_dflock.client import _by_token, _replies, _requests
 from celery_dflock.client._replies import (
     ErrorReply,
     Granted,
-    Hello,
+    JsonReply,
     Ok,
     Queued,
     Renewed,
     Reply,
     ReplyParser,
-    Stats,
     TimedOut,
 )
 from celery_dflock.client._requests import Command
@@ -72,8 +71,8 @@ VALID: list[tuple[Command, bytes, Reply]] = [
     (Command.AUTH, b"error_auth\n", ErrorReply("error_auth")),
     (Command.AUTH, b"error\n", ErrorReply("error")),
     (Command.PING, b"error_draining\n", ErrorReply("error_draining")),
-    (Command.STATS, b"ok " + json.dumps(STATS_JSON).encode() + b"\n", Stats(STATS_JSON)),
-    (Command.HELLO, b"ok " + json.dumps(HELLO_JSON).encode() + b"\n", Hello(HELLO_JSON)),
+    (Command.STATS, b"ok " + json.dumps(STATS_JSON).encode() + b"\n", JsonReply(STATS_JSON)),
+    (Command.HELLO, b"ok " + json.dumps(HELLO_JSON).encode() + b"\n", JsonReply(HELLO_JSON)),
     *[(Command.HELLO, f"{code}\n".encode(), ErrorReply(code)) for code in COMMON_ERRORS],
     (Command.LOCK, f"ok {TOKEN} 33\r\n".encode(), Granted(TOKEN, 33)),  # CR tolerated
 ]
@@ -233,7 +232,7 @@ def test_stats_may_be_long_but_has_its_own_limit() -> None:
     assert len(line) > constants.MAX_LINE_BYTES
     parser = ReplyParser()
     parser.feed(line)
-    assert parser.next_reply(Command.STATS) == Stats(big)
+    assert parser.next_reply(Command.STATS) == JsonReply(big)
 
     small = ReplyParser(max_stats_line_bytes=100)
     small.feed(line)

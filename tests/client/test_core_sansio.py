@@ -354,7 +354,7 @@ def cluster(*nodes: str) -> tuple[ClientSettings, ClusterRouter]:
         }
     )
     shards = reply(Command.SHARDS, line.encode())
-    assert isinstance(shards, _replies.Shards)
+    assert isinstance(shards, _replies.JsonReply)
     router.update(ClusterMap.parse(shards.data, "10.0.0.1:6388"))
     return settings, router
 

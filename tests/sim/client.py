@@ -303,7 +303,7 @@ class SimClient:
                 done(None, False)
                 return
             joined = server_info(self.endpoint, reply)
-            if isinstance(reply, _replies.Hello):
+            if isinstance(reply, _replies.JsonReply):
                 session.durable = joined.supports("durable")
                 session.run = joined.run
                 session.answered(sent)

@@ -75,7 +75,7 @@ class ClusterClient(SimClient):
                 del self.maps[next(iter(self.maps))]
         return known[0]
 
-    def cluster_map(self, reply: _replies.Shards, where: str) -> ClusterMap:
+    def cluster_map(self, reply: _replies.JsonReply, where: str) -> ClusterMap:
         """``ClusterMap.parse`` of ``reply`` (once per reply read: ``maps``)."""
         for line, (known, parsed) in self.maps.items():
             if known is reply:
@@ -206,7 +206,7 @@ class ClusterClient(SimClient):
                 def answered(reply: Reply | None) -> None:
                     if self.core is not core:
                         return
-                    if isinstance(reply, _replies.Shards) and reply.data is not None:
+                    if isinstance(reply, _replies.JsonReply) and reply.data is not None:
                         try:
                             router.update(self.cluster_map(reply, address))
                         except DflockError:

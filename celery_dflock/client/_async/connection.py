@@ -12,7 +12,7 @@ import os
 import time
 from typing import Final, Self
 
-from celery_dflock.client import _replies, _requests, wire
+from celery_dflock.client import _by_token, _replies, _requests, wire
 from celery_dflock.client._background import background_task
 from celery_dflock.client._connection import AsyncStreamTransport
 from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply
@@ -148,10 +148,8 @@ class AsyncConnection:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):
             return
-        if command in SEMAPHORE_GRANTING:
-            release = Command.SEM_RELEASE, _requests.encode_sem_release(key, reply.token)
-        else:
-            release = Command.RELEASE, _requests.checked_release(key, reply.token)
+        semaphore = command in SEMAPHORE_GRANTING
+        release = _by_token.release_request(key, reply.token, semaphore=semaphore)
         with contextlib.suppress(DflockError):  # else its session's time frees it
             conn = await type(self).open(self.endpoint)
             try:
@@ -179,7 +177,7 @@ class AsyncConnection:
             return False
         transport, server = self.transport, self.server
         if transport.pings and server is not None and server.supports(wire.FEATURE_PING):
-            return not transport.at_eof() and await self.ping()
+            return not transport.at_eof() and bool(await self.ping())
         return transport.quiet()
 
     def broken_while_idle(self) -> bool:
@@ -223,7 +221,7 @@ class AsyncConnection:
         """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
         reply, sent = await self._hello(_requests.encode_join_session(session.id, session.ttl))
         info = server_info(self.endpoint, reply, sent)  # raises for a refusal (auth, draining)
-        if isinstance(reply, _replies.Hello):
+        if isinstance(reply, _replies.JsonReply):
             self.server = info  # this run's (a restart grace, its run)
             session.durable = info.supports(wire.FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
@@ -240,16 +238,10 @@ class AsyncConnection:
         """``ping _ session <id>``: True kept, False the server has no such session, None no
         answer (the connection is closed)."""
         sent = time.monotonic()
-        try:
-            reply = await self.request(
-                Command.PING, _requests.encode_keepalive(session.id), timeout
-            )
-        except DflockError:
-            return None
-        if isinstance(reply, _replies.Ok):
+        kept = await self.ping(_requests.encode_keepalive(session.id), timeout)
+        if kept:
             session.answered(sent, renewed=True)
-            return True
-        return False
+        return kept
 
     async def hello(self) -> ServerInfo:
         """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
@@ -277,14 +269,17 @@ class AsyncConnection:
     async def shards(self) -> dict[str, object] | None:
         """Which keys the server serves (None: it does not know ``shards``)."""
         reply = await self.request(Command.SHARDS, _requests.SHARDS_REQUEST)
-        return reply.data if isinstance(reply, _replies.Shards) else None
+        return reply.data if isinstance(reply, _replies.JsonReply) else None
 
-    async def ping(self) -> bool:
-        """True if the server answered ``ping``; a failure closes the connection."""
+    async def ping(
+        self, data: bytes = _requests.PING_REQUEST, timeout: float = REPLY_GRACE_S
+    ) -> bool | None:
+        """``ping`` (``data``: a keep-alive's): True answered ``ok``, False refused, None no
+        answer (the request closed the connection)."""
         try:
-            reply = await self.request(Command.PING, _requests.PING_REQUEST)
-        except DflockError:  # (the request closed the connection)
-            return False
+            reply = await self.request(Command.PING, data, timeout)
+        except DflockError:
+            return None
         return isinstance(reply, _replies.Ok)
 
     @property

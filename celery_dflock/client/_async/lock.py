@@ -17,11 +17,11 @@ from typing import Self
 from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._aio_backend import Event, pause
 from celery_dflock.client._async.connection import AsyncConnection
-from celery_dflock.client._async.held import AsyncHolding, logger
+from celery_dflock.client._async.held import AsyncHolding, unreached
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build, refresh_map, request_once
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
-from celery_dflock.client._grant import LockState, redact
+from celery_dflock.client._grant import LockState
 from celery_dflock.client._replies import Asked, Ok, Renewed, Reply, TimedOut
 from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
@@ -582,19 +582,11 @@ class AsyncDistributedLock(AsyncLockBase):
                 sent = await holding.request_held(
                     conn, lambda server: core.hand_off_request(lease, server)
                 )
-            except BaseException:
+                broken = core.grant.broken
+            finally:
                 core.reset()
-                raise
-            broken = core.grant.broken
-            core.reset()
             if sent is None:
-                logger.warning(
-                    "handing off dflock %s: the lock server at %s could not be reached "
-                    "before the lease ran out (%s)",
-                    core.what,
-                    core.endpoint.address,
-                    redact(broken or "unreachable"),
-                )
+                unreached("handing off", core, broken)
                 return False
             reply, conn, _ = sent
             await holding.checkin(conn)

@@ -200,7 +200,8 @@ class Client:
     def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
         """Release ``token`` on ``key`` (``limit``: a semaphore's slot): True if the server
         released it, False if it no longer held it."""
-        request = _by_token.release_request(_requests.validate_key(key), token, limit)
+        semaphore = check_limit(limit) is not None
+        request = _by_token.release_request(_requests.validate_key(key), token, semaphore=semaphore)
         _, reply, _ = send_by_token(
             self._pool, self._settings, self._router, key, lambda _, __: request
         )

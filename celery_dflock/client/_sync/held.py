@@ -52,6 +52,18 @@ from celery_dflock.client.errors import AuthError, DflockError, InvalidValueErro
 logger = logging.getLogger("celery_dflock.client")
 
 
+def unreached(doing: str, core: LockCore, broken: str | None, then: str = "") -> None:
+    """Log that ``doing`` ``core``'s grant found its server unreachable until the lease's end."""
+    logger.warning(
+        "%s dflock %s: the lock server at %s could not be reached before the lease ran out (%s)%s",
+        doing,
+        core.what,
+        core.endpoint.address,
+        redact(broken or "unreachable"),
+        then,
+    )
+
+
 class Holding:
     """What a lock object holds and how it keeps it, around its `LockCore`."""
 
@@ -200,9 +212,7 @@ class Holding:
         self.conn = conn
         if conn.session is not None and not conn.session.live() and not self._confirm(conn):
             self.conn = None
-            self.core.reset()
-            self.checkin(conn)
-            return False
+            return self.let_go(conn)
         event = self._lost_event
         if event is not None:
             event.clear()
@@ -221,8 +231,7 @@ class Holding:
                 self.release_locked()
             except Exception:  # the first exception is the one raised
                 logger.debug("releasing %s after a failed start failed", core.what, exc_info=True)
-            if core.state is not LockState.IDLE:
-                core.reset()
+            core.reset()
             raise
         return True
 
@@ -389,8 +398,7 @@ class Holding:
         was. ``core``: a background release's copy."""
         core = self.core if core is None else core
         if conn is not None and conn.broken_while_idle():
-            conn.close()
-            core.connection_broke(CLOSED_BY_SERVER)
+            self._drop_connection(conn, CLOSED_BY_SERVER)  # (given ``conn``: ours, not a copy's)
             conn = None
         retried = False
         fresh = conn is None
@@ -483,8 +491,7 @@ class Holding:
             reply = conn.request(command, data, timeout)
             if not isinstance(reply, Granted):  # not granted: nothing to read into the lock
                 return False
-            if not core.on_grant_reply(command, reply, sent, conn.server, conn.session):
-                return False
+            core.on_grant_reply(command, reply, sent, conn.server, conn.session)  # held now
             command, data, timeout = core.release_request()
             return isinstance(conn.request(command, data, timeout), Ok)
         except DflockError as exc:  # the connection broke, or a refusal: closing is all left
@@ -527,13 +534,7 @@ class Holding:
             logger.exception("unexpected error releasing dflock %s in the background", core.what)
             return
         if sent is None:
-            logger.warning(
-                "releasing dflock %s: the lock server at %s could not be reached before the "
-                "lease ran out (%s); the lease frees it",
-                core.what,
-                core.endpoint.address,
-                redact(core.grant.broken or "unreachable"),
-            )
+            unreached("releasing", core, core.grant.broken, "; the lease frees it")
             return
         reply, conn, _ = sent
         conn.close()  # not pooled: the caller may have closed its pool meanwhile

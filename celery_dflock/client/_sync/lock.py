@@ -18,7 +18,7 @@ from typing import Self
 
 from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
-from celery_dflock.client._grant import LockState, redact
+from celery_dflock.client._grant import LockState
 from celery_dflock.client._replies import Asked, Ok, Renewed, Reply, TimedOut
 from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
@@ -34,7 +34,7 @@ from celery_dflock.client._settings import (
     lease_seconds,
 )
 from celery_dflock.client._sync.connection import Connection
-from celery_dflock.client._sync.held import Holding, logger
+from celery_dflock.client._sync.held import Holding, unreached
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build, refresh_map, request_once
 from celery_dflock.client._sync_backend import Event, pause
@@ -581,19 +581,11 @@ class DistributedLock(LockBase):
                 sent = holding.request_held(
                     conn, lambda server: core.hand_off_request(lease, server)
                 )
-            except BaseException:
+                broken = core.grant.broken
+            finally:
                 core.reset()
-                raise
-            broken = core.grant.broken
-            core.reset()
             if sent is None:
-                logger.warning(
-                    "handing off dflock %s: the lock server at %s could not be reached "
-                    "before the lease ran out (%s)",
-                    core.what,
-                    core.endpoint.address,
-                    redact(broken or "unreachable"),
-                )
+                unreached("handing off", core, broken)
                 return False
             reply, conn, _ = sent
             holding.checkin(conn)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from celery_dflock.client import _requests, wire
-from celery_dflock.client._replies import ErrorReply, Stats
+from celery_dflock.client._replies import ErrorReply, JsonReply
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
@@ -50,7 +50,7 @@ def ask(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
             conn.close()
     except DflockError as exc:
         return ServerStatus(endpoint.address, error=str(exc))
-    if isinstance(reply, Stats):
+    if isinstance(reply, JsonReply):
         return ServerStatus(endpoint.address, info, cast("dict[str, Any]", reply.data))
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         return ServerStatus(endpoint.address, info)  # it answers, but has no stats
