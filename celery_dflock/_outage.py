@@ -29,12 +29,11 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from celery_dflock._celery import get_task_logger
-from celery_dflock._request import OUTAGE_HEADER, Message, backoff, header, resend
+from celery_dflock._request import OUTAGE_HEADER, Message, backoff, header, mapping_of, resend
 from celery_dflock.client.errors import ServerDraining, ServerReadOnly, ServerUnavailable
 from celery_dflock.config import LockOptions
 
@@ -119,9 +118,7 @@ def outage_of(request: Any) -> OutageState | None:
 
 def parse_outage(raw: object) -> OutageState | None:
     """An `OUTAGE_HEADER` value read (None: absent or not one, or its ``since`` no time)."""
-    if not isinstance(raw, Mapping):
-        return None
-    data = cast("Mapping[str, object]", raw)
+    data = mapping_of(raw) or {}
     since, retries = data.get("since"), data.get("retries")
     if not isinstance(since, int | float) or isinstance(since, bool) or not math.isfinite(since):
         return None  # (a NaN since would never spend the budget)

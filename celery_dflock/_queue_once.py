@@ -4,8 +4,8 @@
 A task sent with ``lock_from="publish"`` takes a hold on its key before its message is
 published (`publish_hold`), bound to the publisher's connection until the broker took the
 message (`PublishHold.confirm` detaches it with its pending lease); a duplicate publish gets
-the holder's result instead (`Duplicate`). The run adopts the hold (`take_over`), a retry hands
-it on (`retry_hand_off`), a revoke releases it (`celery_dflock.signals`), and
+the holder's result instead (a `Follow` of the holder). The run adopts the hold (`take_over`),
+a retry hands it on (`retry_hand_off`), a revoke releases it (`celery_dflock.signals`), and
 ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 A follower (`run_follower`): a canvas member sent in a duplicate's place
@@ -59,7 +59,6 @@ from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
     "REDELIVERED_WAIT_S",
-    "Duplicate",
     "eager_duplicate",
     "publish_hold",
     "retry_hand_off",
@@ -176,17 +175,6 @@ class PublishHold:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Duplicate:
-    """The key is held: send nothing, return the holder's result (``on_duplicate="return"``);
-    for a canvas member, send a follower in its place (`Follow`: the holder's result, or
-    ``error`` at once)."""
-
-    task_id: str | None
-    key: str = ""
-    error: str | None = None
-
-
 def publish_hold(
     task: Any,
     call: Call,
@@ -196,11 +184,13 @@ def publish_hold(
     countdown: float | None = None,
     eta: Any = None,
     in_canvas: bool = False,
-) -> PublishHold | Duplicate | None:
-    """Take the publish-time hold of a message of ``task``; None: it is not sent under one.
+) -> PublishHold | Follow | None:
+    """Take the publish-time hold of a message of ``task``; None: it is not sent under one. A
+    `Follow` when the key is held: send nothing and return the holder's result
+    (``on_duplicate="return"``), or, for a canvas member, send a follower in its place.
 
     ``call``: (args, kwargs) as the run will see them. Raises `AlreadyQueued` for a duplicate
-    under ``on_duplicate="raise"``; a canvas member (``in_canvas``) gets a `Duplicate` whatever
+    under ``on_duplicate="raise"``; a canvas member (``in_canvas``) gets a `Follow` whatever
     the policy, whose follower fails at once when it would raise."""
     app: Any = task._get_app()
     config, runtime, name = get_config(app), get_runtime(app), str(task.name)
@@ -265,7 +255,7 @@ def publish_hold(
                 holder,
                 where,
             )
-            return Duplicate(holder, key)
+            return Follow(key, holder, None)
         if holder is None:
             error = (
                 f"task {name} was not sent: key {key!r} is held by a holder that names no "
@@ -280,7 +270,7 @@ def publish_hold(
                 f"follows it"
             )
         if in_canvas:
-            return Duplicate(holder, key, error)
+            return Follow(key, holder, error)
         raise AlreadyQueued(error, task_id=holder, key=key) from busy
     return PublishHold(hold, HoldRef(hold.key, hold.token).header(), lease)
 
@@ -300,7 +290,7 @@ def _grace(client: Client) -> str | None:
 
 def _no_hold(
     task_id: str, key: str, options: LockOptions, what: str, *, in_canvas: bool
-) -> Duplicate | None:
+) -> Follow | None:
     """No hold can be taken and no holder refused it. ``on_duplicate="return"``: sent
     without a hold (None); ``"raise"``: nothing is sent (`ServerUnavailable`, or a failing
     follower for a canvas member)."""
@@ -318,7 +308,7 @@ def _no_hold(
         f"grants keys (`celery dflock status`)"
     )
     if in_canvas:
-        return Duplicate(None, key, error)
+        return Follow(key, None, error)
     raise ServerUnavailable(error)
 
 

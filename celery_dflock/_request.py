@@ -50,6 +50,7 @@ __all__ = [
     "held_lock",
     "held_options",
     "hold_of",
+    "mapping_of",
     "mark_held",
     "note_parts",
     "request_headers",
@@ -83,6 +84,11 @@ def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> flo
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A run's ``(args, kwargs)``."""
+
+
+def mapping_of(value: object) -> Mapping[str, Any] | None:
+    """``value`` when it is a mapping (a header's value, as the message carried it)."""
+    return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else None
 
 
 def request_headers(request: Any) -> Mapping[str, Any] | None:
@@ -297,9 +303,7 @@ class HoldRef:
 
 def hold_of(value: object) -> HoldRef | None:
     """The hold a `HOLD_HEADER` value names (None when absent or malformed)."""
-    if not isinstance(value, Mapping):
-        return None
-    fields = cast("Mapping[str, Any]", value)
+    fields = mapping_of(value) or {}
     key, token = fields.get("key"), fields.get("token")
     if isinstance(key, str) and key and isinstance(token, str) and token:
         return HoldRef(key, token)
@@ -322,9 +326,7 @@ class Follow:
 
 def follow_of(value: object) -> Follow | None:
     """The `Follow` a `FOLLOW_HEADER` value names (None when absent or malformed)."""
-    if not isinstance(value, Mapping):
-        return None
-    fields = cast("Mapping[str, Any]", value)
+    fields = mapping_of(value) or {}
     key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
     if not (isinstance(key, str) and key) or (task_id is None and error is None):
         return None

@@ -260,8 +260,9 @@ class _Hooks:
             self.lost_child(sender, task_id)
 
     def lost_child(self, sender: Any, task_id: object) -> None:
-        """The pool child running ``task_id`` was lost or killed (``task_failure``, or
-        `LockedRequest` where Celery requeues its message instead)."""
+        """The pool child running ``task_id`` was lost or killed (``task_failure``,
+        ``task_revoked`` with ``terminated``, or `LockedRequest` where Celery requeues its
+        message instead)."""
         if task_id and self._in_main_process() and self._ours(sender):
             self._release_orphans_soon(task_id)
 
@@ -269,11 +270,10 @@ class _Hooks:
         self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
     ) -> None:
         task_id = getattr(request, "id", None)
-        if not self._ours(sender):
-            return
         if terminated:
-            if task_id and self._in_main_process():
-                self._release_orphans_soon(task_id)
+            self.lost_child(sender, task_id)
+            return
+        if not self._ours(sender):
             return
         held = hold_of(header(request, HOLD_HEADER))
         if held is not None:
@@ -350,9 +350,8 @@ def request_failed(task: Any, task_id: object, exc: object) -> None:
     exc = getattr(exc, "exc", exc)  # as billiard wraps it
     hooks = getattr(task._get_app(), _HOOKS_ATTR, None)
     # (SystemExit, KeyboardInterrupt: a child's exit, as billiard 4.3 reports it)
-    if isinstance(exc, WorkerLostError | SystemExit | KeyboardInterrupt) and isinstance(
-        hooks, _Hooks
-    ):
+    lost = isinstance(exc, WorkerLostError | SystemExit | KeyboardInterrupt)
+    if lost and isinstance(hooks, _Hooks):
         hooks.lost_child(task, task_id)
 
 

@@ -545,19 +545,14 @@ class SingletonScheduler(Scheduler):
                 logger.warning("beat: cannot restart entry %r from now: %s", name, exc)
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
         again = cast("Mapping[str, Any]", cast("Any", self).schedule)
-        if any(again.get(name) is not entry for name, entry in schedule.items()):
-            # A scheduler that reads its entries afresh from a shared store at every access
-            # (RedBeat) keeps their last runs there: the reset above did not stick.
-            logger.info(
-                "beat: took over %s; every entry continues from the last run its store recorded",
-                self.lock_description,
-            )
-            return
-        logger.info(
-            "beat: took over %s; every entry (%d) runs next one period from now",
-            self.lock_description,
-            len(self._active_since),
+        # A scheduler that reads its entries afresh from a shared store at every access
+        # (RedBeat) keeps their last runs there: the reset above did not stick.
+        next_runs = (
+            "continues from the last run its store recorded"
+            if any(again.get(name) is not entry for name, entry in schedule.items())
+            else f"({len(self._active_since)}) runs next one period from now"
         )
+        logger.info("beat: took over %s; every entry %s", self.lock_description, next_runs)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         """Send ``entry`` unless its run predates this beat's takeover or the lock is gone."""

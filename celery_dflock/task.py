@@ -22,7 +22,7 @@ from kombu import serialization
 
 from celery_dflock import _worker_hooks
 from celery_dflock._celery import BaseTask, Reject, task_stack
-from celery_dflock._queue_once import Duplicate, publish_hold, retry_hand_off
+from celery_dflock._queue_once import publish_hold, retry_hand_off
 from celery_dflock._request import (
     FOLLOW_HEADER,
     HOLD_HEADER,
@@ -163,11 +163,11 @@ class LockedTask(Task):
         if taken is None:
             return send()
         options["headers"] = headers
-        if isinstance(taken, Duplicate):
+        if isinstance(taken, Follow):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
             # A canvas member's id is already in its canvas's result: send a follower.
-            headers[FOLLOW_HEADER] = Follow(taken.key, taken.task_id, taken.error).header()
+            headers[FOLLOW_HEADER] = taken.header()
             headers[HOLD_HEADER] = None
             return send()
         headers[HOLD_HEADER] = taken.header

@@ -246,36 +246,28 @@ class FencedUpsert:
                 f"or update (the table's columns: {', '.join(self.table.c.keys())})"
             )
         row = {**values, **self.key, name: self.fence}
-        if dialect.name in {"postgresql", "sqlite"}:
-            insert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(
-                self.table
-            ).values(row)
-            assigned: dict[str, Any] = {
-                **({k: insert.excluded[k] for k in values} if update is None else dict(update)),
-                name: insert.excluded[name],
-            }
+        inserts = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+        if dialect.name not in inserts and dialect.name not in MYSQL:
+            raise ValueError(
+                f"fenced upsert into {self.label()}: SQLAlchemy's {dialect.name} dialect has no "
+                "upsert here (PostgreSQL, SQLite, MySQL and MariaDB have one): insert the row "
+                "first with fence 0 (the column's default), then write it with fenced_update"
+            )
+        insert = inserts.get(dialect.name, mysql.insert)(self.table).values(row)
+        new = insert.inserted if isinstance(insert, mysql.Insert) else insert.excluded
+        changes = {k: new[k] for k in values} if update is None else dict(update)
+        changes[name] = new[name]  # last: MySQL's guards before it read the row's fence
+        if not isinstance(insert, mysql.Insert):
             return insert.on_conflict_do_update(
                 index_elements=[self.table.c[k] for k in self.key],
-                set_=assigned,
-                where=self.column <= insert.excluded[name],
+                set_=changes,
+                where=self.column <= new[name],
             ).returning(self.column)
-        if dialect.name in MYSQL:
-            insert_my = mysql.insert(self.table).values(row)
-            new = insert_my.inserted
-            later = sa.and_(
-                self.column <= new[name], *(self.table.c[k] == new[k] for k in self.key)
-            )
-            changes = {k: new[k] for k in values} if update is None else dict(update)
-            changes[name] = new[name]  # last: the guards before it read the row's fence
-            ordered: list[tuple[Any, Any]] = [
-                (k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()
-            ]
-            return insert_my.on_duplicate_key_update(ordered)
-        raise ValueError(
-            f"fenced upsert into {self.label()}: SQLAlchemy's {dialect.name} dialect has no "
-            "upsert here (PostgreSQL, SQLite, MySQL and MariaDB have one): insert the row "
-            "first with fence 0 (the column's default), then write it with fenced_update"
-        )
+        later = sa.and_(self.column <= new[name], *(self.table.c[k] == new[k] for k in self.key))
+        ordered: list[tuple[Any, Any]] = [
+            (k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()
+        ]
+        return insert.on_duplicate_key_update(ordered)
 
     def kept(self) -> sa.Select[tuple[Any]]:
         """The row's fence, read under the row lock the upsert took (the latest committed)."""

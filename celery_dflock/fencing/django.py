@@ -157,9 +157,8 @@ def check_fence_field(
     lacking: list[str] = []
     for model in checked:
         options: Any = _model_class("check_fence_field", model)._meta
-        try:
-            field: Any = options.get_field(fence_name)
-        except FieldDoesNotExist:
+        field = _field(options, fence_name)
+        if field is None:
             lacking.append(
                 f"{options.label} has no field {fence_name!r}: {_adding(model, fence_name)}"
             )
@@ -261,13 +260,13 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
 
 def _fence_field(model: Any, name: str) -> Any:
     """``model``'s fence field, or `FenceColumnMissing` saying how to add it."""
-    try:
-        return model._meta.get_field(name)
-    except FieldDoesNotExist:
+    field = _field(model._meta, name)
+    if field is None:
         raise FenceColumnMissing(
             f"fenced write to {model._meta.label}: the model has no field {name!r}, where a "
             f"fenced model keeps the highest fence written to each row; {_adding(model, name)}"
-        ) from None
+        )
+    return field
 
 
 def _refuse_unknown(model: Any, label: str | Callable[[], str], **given: Mapping[str, Any]) -> None:
@@ -275,7 +274,7 @@ def _refuse_unknown(model: Any, label: str | Callable[[], str], **given: Mapping
     ``model`` (Django's ``FieldDoesNotExist`` names none of its fields)."""
     options: Any = model._meta
     for where, names in given.items():
-        unknown = [name for name in names if not _has_field(options, name)]
+        unknown = [name for name in names if _field(options, name) is None]
         if unknown:
             fields = ", ".join(field.name for field in options.concrete_fields)
             raise InvalidValueError(
@@ -285,12 +284,12 @@ def _refuse_unknown(model: Any, label: str | Callable[[], str], **given: Mapping
             )
 
 
-def _has_field(options: Any, name: str) -> bool:
+def _field(options: Any, name: str) -> Any:
+    """The model's field ``name`` (``options``: its ``_meta``), or None."""
     try:
-        options.get_field(name)
+        return options.get_field(name)
     except FieldDoesNotExist:
-        return False
-    return True
+        return None
 
 
 def _adding(model: Any, name: str) -> str:
@@ -328,11 +327,11 @@ def _column_checked(
         ) from error
 
 
-def _model_class(helper: str, given: object) -> Any:
-    """``given``, checked to be a model class."""
+def _model_class(helper: str, given: object, takes: str = "a model class") -> Any:
+    """``given``, checked to be a model class (``takes``: what ``helper`` takes, in words)."""
     if not (isinstance(given, type) and issubclass(given, models.Model)):
         kind: str = type(cast("object", given)).__name__
-        raise TypeError(f"{helper} takes a model class, not {kind}")
+        raise TypeError(f"{helper} takes {takes}, not {kind}")
     return given
 
 
@@ -342,10 +341,8 @@ def _queryset(target: Any) -> Any:
         return cast("Any", target)
     if isinstance(target, models.Manager):
         return cast("Any", target).all()
-    if isinstance(target, type) and issubclass(target, models.Model):
-        return cast("Any", target)._default_manager.all()
-    kind: str = type(cast("object", target)).__name__
-    raise TypeError(f"fenced_update takes a queryset, a manager or a model, not {kind}")
+    takes = "a queryset, a manager or a model"
+    return _model_class("fenced_update", target, takes)._default_manager.all()
 
 
 def _described(queryset: Any) -> str:
