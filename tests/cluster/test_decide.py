@@ -255,8 +255,6 @@ def test_raise_to_stores_the_ceiling_first_and_never_goes_back() -> None:
     counter.raise_to(5)  # lower: nothing changes
     assert fence_of(counter.next_token()) == other_ceiling + 2
     assert counter.publish() == store.value == counter.ceiling
-    with pytest.raises(ValueError, match="not both"):
-        FenceCounter("x", store=store)
 
 
 def test_a_new_counter_starts_above_its_stored_ceiling() -> None:
