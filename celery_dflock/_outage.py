@@ -118,7 +118,9 @@ def outage_of(request: Any) -> OutageState | None:
 
 def parse_outage(raw: object) -> OutageState | None:
     """An `OUTAGE_HEADER` value read (None: absent or not one, or its ``since`` no time)."""
-    data = mapping_of(raw) or {}
+    data = mapping_of(raw)
+    if data is None:  # (no header: every run not waiting out an outage)
+        return None
     since, retries = data.get("since"), data.get("retries")
     if not isinstance(since, int | float) or isinstance(since, bool) or not math.isfinite(since):
         return None  # (a NaN since would never spend the budget)

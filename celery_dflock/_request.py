@@ -303,7 +303,9 @@ class HoldRef:
 
 def hold_of(value: object) -> HoldRef | None:
     """The hold a `HOLD_HEADER` value names (None when absent or malformed)."""
-    fields = mapping_of(value) or {}
+    fields = mapping_of(value)
+    if fields is None:  # (no header: every run without a hold)
+        return None
     key, token = fields.get("key"), fields.get("token")
     if isinstance(key, str) and key and isinstance(token, str) and token:
         return HoldRef(key, token)
@@ -326,7 +328,9 @@ class Follow:
 
 def follow_of(value: object) -> Follow | None:
     """The `Follow` a `FOLLOW_HEADER` value names (None when absent or malformed)."""
-    fields = mapping_of(value) or {}
+    fields = mapping_of(value)
+    if fields is None:
+        return None
     key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
     if not (isinstance(key, str) and key) or (task_id is None and error is None):
         return None
