@@ -20,7 +20,7 @@ import pytest
 from celery_dflock.client import AsyncDistributedLock, DistributedLock
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from dflockd_server.cluster.ops import pin, rebalance
+from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
 from tests.support.fleet import Fleet
@@ -166,8 +166,7 @@ def test_no_acquire_fails_with_server_unavailable_during_hand_overs(fleet: Fleet
     with Workload(fleet.seeds(), threads=3, tasks=4) as load:
         load.advance(50)
         second = fleet.start()  # joins with no shard
-        rebalance(fleet.etcd, fleet.prefix)
-        fleet.wait_settled("the rebalance onto the second member done")
+        fleet.even_out()
         load.advance(50)
         for round_ in range(2):
             for key in KEYS[round_::2]:
@@ -194,8 +193,7 @@ def test_no_acquire_fails_with_server_unavailable_during_hand_overs(fleet: Fleet
         fleet.wait_settled("the held key's shard moved after its release")
         load.advance(50)
         third = fleet.start()
-        rebalance(fleet.etcd, fleet.prefix)
-        fleet.wait_settled("the rebalance onto the third member done")
+        fleet.even_out()
         load.advance(50)
         third.proc.send_signal(signal.SIGTERM)  # a graceful leave: it hands its shards over
         assert third.proc.wait(WAIT_S) == 0
@@ -223,8 +221,7 @@ def test_a_member_that_stops_answering_makes_the_client_read_the_map_again(
     a = fleet.start()
     fleet.wait_settled("the first member serving every shard")
     b = fleet.start()
-    rebalance(fleet.etcd, fleet.prefix)
-    fleet.wait_settled("the rebalance onto the second member done")
+    fleet.even_out()
     key = fleet.key_of(a, "frozen:")
     # A short lease: b takes the shard over once a's etcd lease and the longest lease a granted
     # ran out, and the test is about what the client does after that, not about the wait.

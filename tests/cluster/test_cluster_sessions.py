@@ -46,7 +46,7 @@ def fleet(etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path) -> Iterator
 
 def two_members(fleet: Fleet) -> tuple[Member, Member]:
     a, b = fleet.start(), fleet.start()
-    fleet.wait_settled("the map settled over two members")
+    fleet.even_out()
     return a, b
 
 
@@ -273,7 +273,7 @@ def test_session_holders_under_random_moves_pauses_and_restarts_never_overlap(
     granted it."""
     rng = random.Random(int(os.environ.get("RED_SEED", "7")))
     members = [fleet.start() for _ in range(3)]
-    fleet.wait_settled("the map settled over three members")
+    fleet.even_out()
     keys = [f"mixed:{i}" for i in range(6)]
     beliefs: list[Belief] = []
     errors: list[BaseException] = []

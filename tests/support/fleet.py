@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.membership import ClusterView, read_view
+from dflockd_server.cluster.ops import rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from tests.support.etcd import EtcdServer
 from tests.support.ports import free_port
@@ -141,6 +142,20 @@ class Fleet:
 
     def wait_settled(self, what: str) -> None:
         wait_until(self.settled, timeout=WAIT_S, what=what)
+
+    def even_out(self) -> None:
+        """Even the map out over the members now, as an operator's ``dflockd rebalance`` does,
+        and wait until each serves its share and no shard moves. Settled alone is not enough:
+        the leader evens out a member that joined only once membership has been still for 10 s
+        (``AUTO_REBALANCE_S``), so until then the first member serves every shard, and a key
+        picked as its own moves away under the test."""
+        rebalance(self.etcd, self.prefix)
+        everyone = sorted(m.advertise for m in self.members)
+        wait_until(
+            lambda: self.settled() and sorted(self.view().shard_map.counts()) == everyone,
+            timeout=WAIT_S,
+            what=f"the map evened out over {len(everyone)} members",
+        )
 
     def owner(self, key: str) -> str:
         """The member serving ``key``'s shard."""
