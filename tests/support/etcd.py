@@ -1,5 +1,6 @@
-"""A private etcd server (a real one: Debian's ``etcd-server``) on free 127.0.0.1 ports, its data
-under a directory of the caller's; for the lock cluster's tests (tests/cluster, tests/faults).
+"""A private etcd server (a real one: Debian's ``etcd-server``) on free 127.0.0.1 ports, its log
+in a directory of the caller's and its data in memory (`data_directory`); for the lock
+cluster's tests (tests/cluster, tests/faults).
 
 Without an etcd binary (``ETCD_BIN`` or ``etcd`` on PATH) the tests that need one skip, except
 when CELERY_DFLOCK_REQUIRE_REDIS=1 (CI), where they fail: CI installs etcd, so a missing one is
@@ -15,7 +16,9 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,22 @@ from tests.support.processes import stop_process
 REQUIRE_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+
+
+MEMORY_FILESYSTEM = Path("/dev/shm")
+
+
+def data_directory(owner: object) -> Path:
+    """A new directory for etcd's data, in memory (``/dev/shm``) where the machine has it,
+    removed once ``owner`` is gone. etcd syncs its write-ahead log to disk at every write; on a
+    disk shared with the suite's lease journals, a loaded CI machine made that take seconds
+    (etcd logged "slow fdatasync" of 1.2 s and requests of 3.6 s here beside a CPU hog), and
+    then reads timed out in the members and the tests. What etcd keeps on a disk is etcd's
+    business, not what these tests are about: its stalls are the nemeses' (a paused etcd)."""
+    parent = MEMORY_FILESYSTEM if os.access(MEMORY_FILESYSTEM, os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix="dflock-test-etcd-", dir=parent))
+    weakref.finalize(owner, shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 PORT_ATTEMPTS = 3
@@ -90,6 +109,7 @@ class EtcdServer:
         self.binary = binary
         self.directory = directory
         self.log_path = directory / "etcd.log"
+        self.data_path = data_directory(self) / "data"
         self._process: subprocess.Popen[bytes] | None = None
         self._choose_ports()
 
@@ -109,14 +129,14 @@ class EtcdServer:
 
     def _fresh_ports(self, attempt: int) -> None:
         self.log_path.rename(self.log_path.with_suffix(f".attempt{attempt}.log"))
-        shutil.rmtree(self.directory / "data", ignore_errors=True)
+        shutil.rmtree(self.data_path, ignore_errors=True)
         self._choose_ports()
 
     def _start_once(self) -> bool:
         command = [
             self.binary,
             "--name=test",
-            f"--data-dir={self.directory / 'data'}",
+            f"--data-dir={self.data_path}",
             f"--listen-client-urls={self.url}",
             f"--advertise-client-urls={self.url}",
             f"--listen-peer-urls={self.peer_url}",
@@ -189,13 +209,14 @@ class EtcdNode:
         self.url = f"{scheme}://{self.address}"
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
         self.log_path = directory / f"{name}.log"
+        self.data_path = data_directory(self) / name
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, initial_cluster: str, tls_args: list[str]) -> None:
         command = [
             self.binary,
             f"--name={self.name}",
-            f"--data-dir={self.directory / self.name}",
+            f"--data-dir={self.data_path}",
             f"--listen-client-urls={self.url}",
             f"--advertise-client-urls={self.url}",
             f"--listen-peer-urls={self.peer_url}",
