@@ -138,7 +138,10 @@ class Config:
                 "the second"
             )
         if self.metrics_host is not None and self.metrics_port is None:
-            raise only_with("metrics_host", names("metrics_port"))
+            raise only_with(
+                "metrics_host",
+                f"{names('metrics_port')} (the metrics endpoint is off without it)",
+            )
         self._check_membership()
 
     def _check_membership(self) -> None:

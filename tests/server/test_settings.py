@@ -544,3 +544,16 @@ def test_etcd_access_mistakes_are_named_in_the_order_they_are_checked(
 
     with pytest.raises(ConfigError, match=re.escape(said)):
         Config(**given)
+
+
+def test_a_metrics_host_without_its_port_says_the_endpoint_is_off() -> None:
+    """``--metrics-host`` alone: the error says why it is of no use (the metrics endpoint is off
+    without ``--metrics-port``), as it did before its wording was shared with the other
+    settings that need another."""
+    from dflockd_server.config import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        Config(metrics_host="127.0.0.1")
+    said = str(raised.value)
+    assert said.startswith("--metrics-host / DFLOCKD_METRICS_HOST is only used with --metrics-port")
+    assert "the metrics endpoint is off without it" in said
