@@ -281,6 +281,20 @@ async def test_wait_without_enqueue_is_refused(make: Maker) -> None:
         await make.face.run(make("nowait").wait())
 
 
+@pytest.mark.parametrize("timeout_s", [-1, float("nan"), "5"])
+async def test_a_wrong_wait_timeout_is_named_also_once_held(make: Maker, timeout_s: Any) -> None:
+    """``wait(timeout_s)`` on a lock its enqueue got at once (held) checks ``timeout_s`` as a
+    queued one's does: it returned True whatever it was given."""
+    lock = make("2p-held-wait")
+    assert await make.face.run(lock.enqueue()) == "acquired"
+    try:
+        with pytest.raises(InvalidValueError, match="timeout_s must be"):
+            await make.face.run(lock.wait(timeout_s))
+        assert await make.face.run(lock.wait(1)) is True
+    finally:
+        await make.face.run(lock.release())
+
+
 async def test_release_of_an_enqueued_lock_leaves_the_queue(make: Maker) -> None:
     async with make.face.held(make("2p-leave")):
         late = make("2p-leave")

@@ -32,6 +32,7 @@ from celery_dflock.client._settings import (
     ClientSettings,
     check_limit,
     lease_seconds,
+    whole_seconds,
 )
 from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.held import Holding, unreached
@@ -170,6 +171,8 @@ class LockBase:
         try:
             with holding.op_lock:
                 if held := core.state is LockState.HELD:
+                    if timeout_s is not None:  # a wrong one is named here too
+                        whole_seconds("timeout_s", timeout_s, minimum=0)
                     return True
                 command, data, timeout = core.wait_request(timeout_s)
                 conn, holding.conn = holding.conn, None
