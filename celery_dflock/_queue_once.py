@@ -338,17 +338,9 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    leases = _pending_leases(options, countdown, eta)
-    lease = leases[-1]
-    try:
-        handed, lease = _longest_granted(leases, lock.hand_off)
-        if handed:
-            return held
-    except InvalidValueError:  # above the server's longest lease: refused before it let go
-        lock.release()
-    else:  # lost meanwhile, or refused by the server (the grant stays bound): let it go
-        with suppress(DflockError):  # unreachable: it ends with its lease
-            app_client(task._get_app()).release(held.key, held.token)
+    handed, lease = _hand_off(task, lock, held, _pending_leases(options, countdown, eta))
+    if handed:
+        return held
     logger.warning(
         "dflock: %s[%s] retries without its hold of %r: the lock server refused to keep it "
         "%s s, until the retry is due (lock_pending_ttl, or the retry's countdown/eta when "
@@ -361,6 +353,25 @@ def retry_hand_off(
         lease,
     )
     return None
+
+
+def _hand_off(
+    task: Any, lock: DistributedLock, held: HoldRef, leases: tuple[int, ...]
+) -> tuple[bool, int]:
+    """Hand the hold ``lock`` took over (``held``) on to a message: detached with the first of
+    ``leases`` the server grants; (True, that lease). (False, the lease asked) when it could
+    not be kept: it is released (or, the server unreachable, ends with its lease)."""
+    lease = leases[-1]
+    try:
+        handed, lease = _longest_granted(leases, lock.hand_off)
+        if handed:
+            return True, lease
+    except InvalidValueError:  # above the server's longest lease: refused before it let go
+        lock.release()
+    else:  # lost meanwhile, or refused by the server (the grant stays bound): let it go
+        with suppress(DflockError):  # unreachable: it ends with its lease
+            app_client(task._get_app()).release(held.key, held.token)
+    return False, lease
 
 
 _Asked = TypeVar("_Asked")
