@@ -428,6 +428,58 @@ def test_retry_keeps_the_hold(rig: Rig) -> None:
     assert rig.key_free(f"once:{name}", wait_s=5)
 
 
+def _consume(rig: Rig, queue: str, *, on: bool) -> None:
+    """Make the rig's first worker start (``on``) or stop consuming ``queue``, and wait for it."""
+    control = rig.app.control.add_consumer if on else rig.app.control.cancel_consumer
+    replies = control(queue, reply=True, timeout=EVENT_TIMEOUT_S, destination=[rig.worker.name])
+    assert replies, f"the worker did not {'start' if on else 'stop'} consuming {queue}"
+
+
+def test_a_requeued_reject_keeps_the_hold_for_its_message(rig: Rig) -> None:
+    """An acks_late run that raises ``Reject(requeue=True)`` puts its message back in the queue
+    and hands its hold on to it: while the message waits (no worker consumes its queue), a
+    duplicate gets its id and nothing is sent; the requeued run takes the same grant over."""
+    name = unique("rejected")
+    key = f"once:{name}"
+    waiting = unique("dflock-rejected")
+    release = rig.release_file(name)
+    first = rig.tasks["once_reject"].apply_async((name, str(release)), queue=waiting)
+    _consume(rig, waiting, on=True)
+    try:
+        rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
+        _consume(rig, waiting, on=False)  # the requeued message waits in the queue
+    finally:
+        release.touch()
+    rig.log.wait_event("rejecting", timeout=EVENT_TIMEOUT_S, name=name)
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while messages(rig, waiting) != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert messages(rig, waiting) == 1, "the rejected message was not put back in its queue"
+    again = rig.tasks["once_reject"].apply_async((name, str(release)), queue=waiting)
+    assert again.id == first.id, "a duplicate was queued beside the requeued message"
+    assert messages(rig, waiting) == 1
+
+    _consume(rig, waiting, on=True)
+    assert first.get(timeout=RESULT_TIMEOUT_S) == name
+    rejected, requeued = rig.log.entries("started", name=name)
+    assert requeued["task_id"] == first.id
+    assert requeued["hold_token"] == rejected["hold_token"]  # the message's header, unchanged
+    assert requeued["token"] == rejected["token"] == requeued["hold_token"]
+    assert requeued["fence"] == rejected["fence"]
+    assert rig.key_free(key, wait_s=5)
+
+
+def test_a_reject_without_requeue_frees_the_key(rig: Rig) -> None:
+    """``Reject(requeue=False)`` drops the message, and its run releases the key at once."""
+    name = unique("dropped")
+    release = rig.release_file(name)
+    release.touch()
+    rig.tasks["once_reject"].delay(name, str(release), requeue=False)
+    rig.log.wait_event("rejecting", timeout=EVENT_TIMEOUT_S, name=name)
+    assert rig.key_free(f"once:{name}", wait_s=5)
+    assert len(rig.log.entries("started", name=name)) == 1
+
+
 def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
     """Both pool slots busy, a queued task is revoked: the worker drops it and releases its
     hold; the body never runs."""

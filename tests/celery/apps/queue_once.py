@@ -15,10 +15,12 @@ which message ran, under which hold, and whether two runs of a key overlapped.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import Reject
 
 from celery_dflock import LockedTask, ServerUnavailable
 from celery_dflock.signals import lock_skipped
@@ -71,6 +73,7 @@ TASK_NAMES = (
     "once_short_pending",
     "once_retry",
     "once_acks_late",
+    "once_reject",
     "once_autoretry",
     "once_long_retry",
     "plain",
@@ -126,6 +129,20 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         """Acknowledged after the run: a run killed with its worker is delivered again."""
         return _run(self, name, release_file)
 
+    @celery_app.task(**named("once_reject", once), acks_late=True)
+    def once_reject(self: LockedTask, name: str, release_file: str, requeue: bool = True) -> str:
+        """The first delivery waits for ``release_file``, logs ``rejecting`` and raises
+        ``Reject(requeue=requeue)`` (acks_late: a rejected message is not acknowledged yet);
+        a delivery after it (``release_file`` + ``.rejected`` exists) runs and ends."""
+        rejected = f"{release_file}.rejected"
+        if os.path.exists(rejected):
+            return _run(self, name, None)
+        _run(self, name, release_file)
+        with open(rejected, "w", encoding="utf-8"):
+            pass
+        record("rejecting", name=name, task_id=self.request.id, requeue=requeue)
+        raise Reject("rejected by the test", requeue=requeue)
+
     @celery_app.task(
         **named("once_autoretry", once),
         autoretry_for=(ServerUnavailable,),
@@ -167,6 +184,7 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         "once_short_pending": once_short_pending,
         "once_retry": once_retry,
         "once_acks_late": once_acks_late,
+        "once_reject": once_reject,
         "once_autoretry": once_autoretry,
         "once_long_retry": once_long_retry,
         "plain": plain,
