@@ -142,8 +142,13 @@ async def test_cancelled_acquire_closes_its_connection(
     holder = AsyncDistributedLock("a:cut", servers=servers)
     assert await holder.acquire()
     waiter = AsyncDistributedLock("a:cut", acquire_timeout_s=30, servers=servers, pool=apool)
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(waiter.acquire(), 0.3)
+    waiting = asyncio.create_task(waiter.acquire())
+    # Cancelled once it waits in the server's queue (a fixed 0.3 s cancelled it before it had
+    # connected on a loaded machine, and then no connection was opened to be closed).
+    await until(lambda: holders_and_waiters(dflock_server.address, "a:cut") == (1, 1))
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
     assert not waiter.locked()
     await until(lambda: holders_and_waiters(dflock_server.address, "a:cut") == (1, 0))
     await holder.release()
