@@ -6,7 +6,7 @@ published (`publish_hold`), bound to the publisher's connection until the broker
 message (`PublishHold.confirm` detaches it with its pending lease); a duplicate publish gets
 the holder's result instead (a `Follow` of the holder). The run adopts the hold (`take_over`),
 a retry hands it on (`retry_hand_off`), so does a ``Reject(requeue=True)`` to its requeued
-message (`requeue_hand_off`), a revoke releases it (`celery_dflock.signals`), and
+message (`hand_off_hold`), a revoke releases it (`celery_dflock.signals`), and
 ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 A follower (`run_follower`): a canvas member sent in a duplicate's place
@@ -61,8 +61,8 @@ from celery_dflock.config import LockOptions, get_config
 __all__ = [
     "REDELIVERED_WAIT_S",
     "eager_duplicate",
+    "hand_off_hold",
     "publish_hold",
-    "requeue_hand_off",
     "retry_hand_off",
     "run_follower",
     "take_over",
@@ -340,63 +340,47 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    handed, lease = _hand_off(task, lock, held, _pending_leases(options, countdown, eta))
-    if handed:
-        return held
+    return hand_off_hold(task, request, lock, held, options, countdown=countdown, eta=eta)
+
+
+def hand_off_hold(
+    task: Any,
+    request: Any,
+    lock: DistributedLock,
+    held: HoldRef,
+    options: LockOptions,
+    *,
+    countdown: float | None = None,
+    eta: Any = None,
+) -> HoldRef | None:
+    """Hand the hold ``lock`` took over (``held``) on to a message, a retry's (due after
+    ``countdown`` or at ``eta``) or, with ``Reject(requeue=True)`` (acks_late), the same one
+    requeued (its `HOLD_HEADER` unchanged): detached with the longest pending lease the server
+    grants, for that message's run to take over: ``held``, or None when it cannot be kept: it is
+    released (or, the server unreachable, ends with its lease), and a warning says why."""
+    leases = _pending_leases(options, countdown, eta)
+    lease = leases[-1]
+    try:
+        handed, lease = _longest_granted(leases, lock.hand_off)
+        if handed:
+            return held
+    except InvalidValueError:  # above the server's longest lease: refused before it let go
+        lock.release()
+    else:  # lost meanwhile, or refused by the server (the grant stays bound): let it go
+        with suppress(DflockError):  # unreachable: it ends with its lease
+            app_client(task._get_app()).release(held.key, held.token)
     logger.warning(
-        "dflock: %s[%s] retries without its hold of %r: the lock server refused to keep it "
-        "%s s, until the retry is due (lock_pending_ttl, or the retry's countdown/eta when "
-        "longer), or it was lost; the retry takes the key when it runs, and a duplicate may be "
-        "sent meanwhile. A lease above the server's --max-lease-ttl (DFLOCKD_MAX_LEASE_TTL_S) "
-        "is refused: raise it, or retry sooner",
+        "dflock: %s[%s] goes on in its next message (a retry's, or itself requeued by a Reject) "
+        "without its hold of %r: the lock server refused to keep it %s s (lock_pending_ttl, or "
+        "the retry's countdown/eta when longer), or it was lost; that run takes the key when it "
+        "runs, and a duplicate may be sent meanwhile. A lease above the server's --max-lease-ttl "
+        "(DFLOCKD_MAX_LEASE_TTL_S) is refused: raise it",
         task.name,
         request.id,
         held.key,
         lease,
     )
     return None
-
-
-def requeue_hand_off(
-    task: Any, request: Any, lock: DistributedLock, held: HoldRef, options: LockOptions
-) -> None:
-    """A run that took ``held`` over raised ``Reject(requeue=True)`` (acks_late: its message
-    goes back to the queue): hand the hold on to that message, detached for
-    ``lock_pending_ttl`` as a fresh publish's, for its next run to take over (its
-    `HOLD_HEADER` is unchanged); when it cannot be kept, it is released, saying why."""
-    handed, lease = _hand_off(task, lock, held, _pending_leases(options, None, None))
-    if handed:
-        return
-    logger.warning(
-        "dflock: %s[%s] was requeued (Reject) without its hold of %r: the lock server refused "
-        "to keep it %s s (lock_pending_ttl), or it was lost; the requeued run takes the key "
-        "when it runs, and a duplicate may be sent meanwhile. A lease above the server's "
-        "--max-lease-ttl (DFLOCKD_MAX_LEASE_TTL_S) is refused: raise it, or lower "
-        "lock_pending_ttl",
-        task.name,
-        request.id,
-        held.key,
-        lease,
-    )
-
-
-def _hand_off(
-    task: Any, lock: DistributedLock, held: HoldRef, leases: tuple[int, ...]
-) -> tuple[bool, int]:
-    """Hand the hold ``lock`` took over (``held``) on to a message: detached with the first of
-    ``leases`` the server grants; (True, that lease). (False, the lease asked) when it could
-    not be kept: it is released (or, the server unreachable, ends with its lease)."""
-    lease = leases[-1]
-    try:
-        handed, lease = _longest_granted(leases, lock.hand_off)
-        if handed:
-            return True, lease
-    except InvalidValueError:  # above the server's longest lease: refused before it let go
-        lock.release()
-    else:  # lost meanwhile, or refused by the server (the grant stays bound): let it go
-        with suppress(DflockError):  # unreachable: it ends with its lease
-            app_client(task._get_app()).release(held.key, held.token)
-    return False, lease
 
 
 _Asked = TypeVar("_Asked")

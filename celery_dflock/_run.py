@@ -32,16 +32,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
 
-from celery_dflock._celery import (
-    Reject,
-    Signal,
-    backoff_interval,
-    get_logger,
-    get_task_logger,
-    task_stack,
-)
+from celery_dflock import _celery
+from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger, task_stack
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
-from celery_dflock._queue_once import eager_duplicate, requeue_hand_off, run_follower, take_over
+from celery_dflock._queue_once import eager_duplicate, hand_off_hold, run_follower, take_over
 from celery_dflock._request import (
     FOLLOW_HEADER,
     HOLD_HEADER,
@@ -177,11 +171,11 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     fence = lock.fence
     try:
         result = guard.run_body(run, message.call, lock)
-    except Reject as exc:
-        # acks_late, so the message is not acknowledged yet: a requeued one keeps its hold.
-        requeued = took_over and on_close_lease is not None and bool(exc.requeue)
-        if requeued and held is not None and isinstance(lock, DistributedLock):
-            requeue_hand_off(task, request, lock, held, options)  # then the release is a no-op
+    except _celery.Reject as exc:
+        # acks_late, so the message is not acknowledged yet: a requeued one keeps its hold (a
+        # hold taken over is a lock's), and the release below does nothing.
+        if took_over and on_close_lease is not None and exc.requeue and held is not None:
+            hand_off_hold(task, request, cast("DistributedLock", lock), held, options)
         raise
     finally:
         try:
