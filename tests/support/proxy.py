@@ -101,6 +101,15 @@ class FaultProxy:
             self._ready.set()
             loop.run_forever()
         finally:
+            # A connection accepted while its upstream connect was under way (stop() cuts the
+            # pairs' pumps, not their accepts): cancelled and finished here, or its socket and
+            # task were left to a later test's garbage collection ("Task was destroyed but it
+            # is pending", an unclosed socket: an error in that test's teardown).
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
     async def _listen(self) -> None:
