@@ -32,8 +32,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final, cast
 
-from celery_dflock import _celery
-from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger, task_stack
+from celery_dflock._celery import (
+    Reject,
+    Signal,
+    backoff_interval,
+    get_logger,
+    get_task_logger,
+    task_stack,
+)
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
 from celery_dflock._queue_once import eager_duplicate, hand_off_hold, run_follower, take_over
 from celery_dflock._request import (
@@ -171,7 +177,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     fence = lock.fence
     try:
         result = guard.run_body(run, message.call, lock)
-    except _celery.Reject as exc:
+    except Reject as exc:
         # acks_late, so the message is not acknowledged yet: a requeued one keeps its hold (a
         # hold taken over is a lock's), and the release below does nothing.
         if took_over and on_close_lease is not None and exc.requeue and held is not None:
