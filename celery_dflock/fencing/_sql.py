@@ -185,9 +185,12 @@ class FencedUpdate:
         statement = sa.update(table).where(self.where, self.column <= self.fence).values(assigned)
         return statement.execution_options(synchronize_session="fetch")
 
-    def highest(self) -> sa.Select[Any, int]:
-        """The highest fence of the rows ``where`` names, and how many there are."""
-        return sa.select(sa.func.max(self.column), sa.func.count()).where(self.where)
+    def highest(self, dialect: sa.Dialect) -> sa.Select[Any, int]:
+        """The highest fence of the rows ``where`` names, and how many there are; on MySQL and
+        MariaDB read ``FOR UPDATE``, the latest committed (a plain read under their repeatable
+        read is of the transaction's snapshot, older than the write that refused the update)."""
+        highest = sa.select(sa.func.max(self.column), sa.func.count()).where(self.where)
+        return highest.with_for_update() if dialect.name in MYSQL else highest
 
 
 @dataclass(frozen=True, slots=True)

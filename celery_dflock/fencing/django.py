@@ -9,7 +9,9 @@ database has it). `fenced_update` is one ``UPDATE``::
     queryset.filter(dflock_fence__lte=fence).update(dflock_fence=fence, **values)
 
 so the check and the write are one atomic statement. When no row was updated, one aggregate
-tells a refusal (`StaleFence`) from a queryset that matches no row (0 is returned). The
+tells a refusal (`StaleFence`) from a queryset that matches no row (0 is returned); on MySQL
+and MariaDB in a transaction, a read ``FOR UPDATE`` of the highest fence (repeatable read's
+snapshot may be older than the write that refused the update). The
 queryset should name one row (``pk=...``).
 
 `fenced_upsert` inserts a row or updates it, if its fence is not higher, in one statement of
@@ -83,13 +85,19 @@ def fenced_update(
         raise ValueError(f"fenced write to {label()}: the field {fence_name!r} holds the fence")
     _refuse_unknown(queryset.model, label, values=values)
     with _column_checked(queryset.model, field):
-        updated = int(
-            queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
-        )
+        fenced = queryset.filter(**{f"{fence_name}__lte": fence})
+        updated = int(fenced.update(**values, **{fence_name: fence}))
         if updated:
             return updated
-        seen = queryset.aggregate(highest=models.Max(fence_name), rows=models.Count("pk"))
-    refuse_unwritten(label, fence, seen["highest"], seen["rows"])
+        connection: Any = _db.connections[fenced.db]
+        if connection.vendor != "mysql" or connection.get_autocommit():
+            seen = queryset.aggregate(highest=models.Max(fence_name), rows=models.Count("pk"))
+            highest, rows = seen["highest"], seen["rows"]
+        else:  # the latest committed, not repeatable read's snapshot: a locking read
+            ordered = queryset.select_for_update().order_by(f"-{fence_name}")  # NULLs last
+            found = list(ordered.values_list(fence_name, flat=True)[:1])
+            highest, rows = (found[0], 1) if found else (None, 0)
+    refuse_unwritten(label, fence, highest, rows)
     return 0
 
 

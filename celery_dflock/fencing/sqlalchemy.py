@@ -11,7 +11,8 @@ adds it to a table that exists, `check_fence_column` checks a deploy's database 
 
 so the check and the write are one atomic step, under any isolation level. When no row was
 updated, one ``SELECT max(dflock_fence)`` tells a refusal (`StaleFence`) from a row that is
-not there (0 is returned). ``where`` should name one row (its primary key).
+not there (0 is returned); on MySQL and MariaDB it reads ``FOR UPDATE``, the latest committed
+fence, not repeatable read's snapshot. ``where`` should name one row (its primary key).
 
 `fenced_upsert` inserts the row, or updates it if its fence is not higher, in one statement::
 
@@ -135,7 +136,7 @@ def fenced_update(
         result = connection.execute(fenced.update(table, values))
         if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
-        seen = connection.execute(fenced.highest()).one()
+        seen = connection.execute(fenced.highest(_dialect(connection, fenced.table))).one()
     refuse_unwritten(fenced.label, fenced.fence, seen[0], seen[1])
     return 0
 
@@ -163,9 +164,7 @@ def fenced_upsert(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=True)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
-    dialect = (
-        connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
-    )
+    dialect = _dialect(connection, fenced.table)
     statement = fenced.statement(dialect, values, update)
     with column_checked(fenced):
         result = connection.execute(statement)
@@ -175,3 +174,10 @@ def fenced_upsert(
     if kept is None:
         raise upsert_elsewhere(fenced.label())
     refuse_unwritten(fenced.label, fenced.fence, kept[0], 1)
+
+
+def _dialect(connection: Connection | Session | scoped_session[Any], table: sa.Table) -> sa.Dialect:
+    """The dialect of the database that ``connection`` writes ``table`` to."""
+    if isinstance(connection, Connection):
+        return connection.dialect
+    return connection.get_bind(clause=table).dialect

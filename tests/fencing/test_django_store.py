@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -356,3 +358,40 @@ def test_a_name_that_is_no_field_of_the_model_is_named_with_its_fields(account: 
         assert f": {where} names " in said and "which is no field of fencing.Account" in said
         assert said.endswith(fields), said
     assert state(account) == (0, 0)
+
+
+@pytest.mark.parametrize("alias", ["mariadb"], indirect=True)
+def test_a_stale_update_after_a_read_in_its_transaction_is_refused(alias: str) -> None:
+    """A paused holder that read the row in its transaction, then wrote once a later holder
+    had, on MariaDB at its own default isolation, repeatable read (Django's default there is
+    read committed): the check of the refused ``UPDATE`` read the row's fence from the
+    transaction's snapshot, older than the later holder's, so the call returned 0, as for a
+    row that is not there."""
+    import sqlalchemy as sa
+    from django.db import connections, transaction
+
+    from celery_dflock.fencing.django import fenced_update
+    from tests.fencing.models import Account
+    from tests.support.services import MARIADB_URL
+
+    atomic: Any = transaction.atomic  # untyped
+    connection = connections[alias]
+    connection.close()
+    connection.settings_dict["OPTIONS"] = {"isolation_level": "repeatable read"}
+    later = sa.create_engine(
+        f"mysql+pymysql://{urlsplit(MARIADB_URL).netloc}/{connection.settings_dict['NAME']}"
+    )
+    try:
+        Account.objects.using(alias).create(id=7, balance=0)
+        rows = Account.objects.using(alias).filter(pk=7)
+        with atomic(using=alias):
+            assert rows.get().balance == 0
+            with later.begin() as db:  # the later holder's write, committed
+                db.execute(sa.text("UPDATE fencing_account SET balance = 100, dflock_fence = 250"))
+            with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
+                fenced_update(rows, 249, balance=1000)
+        assert state(7, alias) == (100, 250)
+    finally:
+        later.dispose()
+        connection.close()
+        connection.settings_dict["OPTIONS"] = {}

@@ -1,9 +1,11 @@
-"""`celery_dflock.fencing.sqlalchemy` against a real PostgreSQL (a schema of each test's own)."""
+"""`celery_dflock.fencing.sqlalchemy` against a real PostgreSQL (a schema of each test's own),
+and MariaDB where its isolation differs."""
 
 from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +16,8 @@ from celery_dflock import LockLost
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import FenceMissing, StaleFence
 from celery_dflock.fencing.sqlalchemy import add_fence_column, fenced_update, fenced_upsert
-from tests.fencing.stores import ACCOUNTS
+from tests.fencing.stores import ACCOUNTS, mariadb_engine
+from tests.support.services import require_mariadb
 
 
 def row(engine: sa.Engine, account: int) -> tuple[int, int]:
@@ -190,3 +193,32 @@ def test_a_where_that_is_no_sql_condition_is_refused(
     with engine.begin() as db, pytest.raises(InvalidValueError, match=f"where is {where},"):
         fenced_update(db, ACCOUNTS, where, fence=5, values={"balance": 9})  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     assert row(engine, account) == (0, 0)
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def server_engine(request: pytest.FixtureRequest) -> Iterator[sa.Engine]:
+    """An engine with the ``account`` table on a database server, at its default isolation
+    (PostgreSQL's read committed, MariaDB's repeatable read)."""
+    if request.param == "postgresql":
+        yield request.getfixturevalue("engine")
+        return
+    require_mariadb()
+    with mariadb_engine() as made:
+        yield made
+
+
+def test_a_stale_update_after_a_read_in_its_transaction_is_refused(
+    server_engine: sa.Engine,
+) -> None:
+    """A paused holder that read the row in its transaction, then wrote once a later holder
+    had: under MariaDB's repeatable read, the check of the refused ``UPDATE`` read the row's
+    fence from the transaction's snapshot, older than the later holder's, so the call
+    returned 0, as for a row that is not there, and the run went on as if nothing refused it."""
+    with server_engine.begin() as db:
+        db.execute(sa.insert(ACCOUNTS).values(id=7, balance=0))
+    with server_engine.connect() as paused, paused.begin():
+        paused.execute(sa.select(ACCOUNTS.c.balance).where(ACCOUNTS.c.id == 7)).one()
+        assert credit(server_engine, 7, 250, amount=100) == 1  # the later holder, committed
+        with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
+            fenced_update(paused, ACCOUNTS, ACCOUNTS.c.id == 7, fence=249, values={"balance": 1000})
+    assert row(server_engine, 7) == (100, 250)
