@@ -9,10 +9,10 @@ database has it). `fenced_update` is one ``UPDATE``::
     queryset.filter(dflock_fence__lte=fence).update(dflock_fence=fence, **values)
 
 so the check and the write are one atomic statement. When no row was updated, one aggregate
-tells a refusal (`StaleFence`) from a queryset that matches no row (0 is returned); on MySQL
-and MariaDB in a transaction, a read ``FOR UPDATE`` of the highest fence (repeatable read's
-snapshot may be older than the write that refused the update). The
-queryset should name one row (``pk=...``).
+on the database written (not a replica a router reads from) tells a refusal (`StaleFence`)
+from a queryset that matches no row (0 is returned); on MySQL and MariaDB in a transaction,
+a read ``FOR UPDATE`` of the highest fence (repeatable read's snapshot may be older than the
+write that refused the update). The queryset should name one row (``pk=...``).
 
 `fenced_upsert` inserts a row or updates it, if its fence is not higher, in one statement of
 the database's own upsert, written here (Django's ``bulk_create(update_conflicts=True)``
@@ -89,12 +89,14 @@ def fenced_update(
         updated = int(fenced.update(**values, **{fence_name: fence}))
         if updated:
             return updated
+        # read where the update went (a router's reads may go to a replica that lags)
+        written = queryset.using(fenced.db)
         connection: Any = _db.connections[fenced.db]
         if connection.vendor != "mysql" or connection.get_autocommit():
-            seen = queryset.aggregate(highest=models.Max(fence_name), rows=models.Count("pk"))
+            seen = written.aggregate(highest=models.Max(fence_name), rows=models.Count("pk"))
             highest, rows = seen["highest"], seen["rows"]
         else:  # the latest committed, not repeatable read's snapshot: a locking read
-            ordered = queryset.select_for_update().order_by(f"-{fence_name}")  # NULLs last
+            ordered = written.select_for_update().order_by(f"-{fence_name}")  # NULLs last
             found = list(ordered.values_list(fence_name, flat=True)[:1])
             highest, rows = (found[0], 1) if found else (None, 0)
     refuse_unwritten(label, fence, highest, rows)

@@ -30,6 +30,8 @@ DJANGO_APP: Final = "tests.fencing"
 SQLITE_ALIAS: Final = "lite"
 MARIADB_ALIAS: Final = "maria"
 """Django's aliases of the other upserts' databases (``default`` is PostgreSQL)."""
+REPLICA_ALIAS: Final = "replica"
+"""Django's alias of a PostgreSQL database standing for a lagging replica of ``default``."""
 
 SCHEMA_ENV: Final = "DFLOCK_FENCING_SCHEMA"
 """The schema of the workers of ``fencing_app`` (the test module's own)."""
@@ -158,9 +160,11 @@ def configure_django(schema: str | None) -> None:
         INSTALLED_APPS=[DJANGO_APP],
         DATABASES={
             "default": django_database(schema),
-            # the other upserts' databases, pointed at a test's own when used
-            # (``point_django_alias_at``): SQLite, and MariaDB through pymysql
+            # the other databases, pointed at a test's own when used
+            # (``point_django_alias_at``): SQLite, a PostgreSQL replica, and MariaDB
+            # through pymysql
             SQLITE_ALIAS: {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+            REPLICA_ALIAS: django_database(None),
             MARIADB_ALIAS: {
                 "ENGINE": "django.db.backends.mysql",
                 "NAME": urlsplit(MARIADB_URL).path.lstrip("/") or "test",
@@ -179,8 +183,9 @@ def configure_django(schema: str | None) -> None:
 
 def point_django_alias_at(alias: str, name: str) -> None:
     """Django's connection ``alias``, from its next query on, on the database ``name`` (a
-    SQLite file, a MariaDB database). For MariaDB, pymysql stands in for mysqlclient (which
-    needs a compiler and the client's headers): it says it is the mysqlclient Django wants."""
+    SQLite file, a PostgreSQL or MariaDB database). For MariaDB, pymysql stands in for
+    mysqlclient (which needs a compiler and the client's headers): it says it is the mysqlclient
+    Django wants."""
     from django.db import connections
 
     if alias == MARIADB_ALIAS:

@@ -17,8 +17,11 @@ from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import FenceMissing, StaleFence
 from tests.fencing.stores import (
     MARIADB_ALIAS,
+    REPLICA_ALIAS,
     SQLITE_ALIAS,
+    engine_for,
     mariadb_database,
+    new_schema_name,
     point_django_alias_at,
 )
 from tests.support.services import require_mariadb
@@ -395,3 +398,70 @@ def test_a_stale_update_after_a_read_in_its_transaction_is_refused(alias: str) -
         later.dispose()
         connection.close()
         connection.settings_dict["OPTIONS"] = {}
+
+
+@pytest.fixture
+def replica(django_schema: str) -> Iterator[str]:
+    """A PostgreSQL database of this test's own with the model's table, on Django's alias
+    ``REPLICA_ALIAS``, standing for a replica of ``default`` that lags; dropped after."""
+    import sqlalchemy as sa
+    from django.db import connections
+
+    from tests.fencing.models import Account
+
+    name = new_schema_name()
+    server = engine_for().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with server.connect() as db:
+            db.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        try:
+            point_django_alias_at(REPLICA_ALIAS, name)
+            with connections[REPLICA_ALIAS].schema_editor() as editor:
+                editor.create_model(Account)
+            yield REPLICA_ALIAS
+        finally:
+            connections[REPLICA_ALIAS].close()
+            with server.connect() as db:
+                db.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        server.dispose()
+
+
+class _ReadsFromTheReplica:
+    """A primary/replica router: reads go to the replica, writes to ``default``."""
+
+    def db_for_read(self, model: object, **hints: object) -> str:
+        return REPLICA_ALIAS
+
+    def db_for_write(self, model: object, **hints: object) -> str:
+        return "default"
+
+
+def test_a_refusal_is_told_from_no_row_on_the_database_written_not_a_lagging_replica(
+    account: int, replica: str
+) -> None:
+    """With a router that reads from a replica, the check of a refused ``UPDATE`` (routed to
+    the primary) read the replica: a stale write to a row whose copy there was older, or not
+    there yet, returned 0, as for a row that is not there, and a row deleted from the primary
+    but not yet from the replica raised `StaleFence` for a fence the primary never held."""
+    from django.test import override_settings
+
+    from celery_dflock.fencing.django import fenced_update, fenced_upsert
+    from tests.fencing.models import Account
+
+    fenced_update(Account.objects.filter(pk=account), 250, balance=1)  # the primary's row 7
+    Account.objects.create(id=8, balance=1, dflock_fence=250)  # not on the replica yet
+    Account.objects.using(replica).create(id=account, balance=0, dflock_fence=100)  # older
+    Account.objects.using(replica).create(id=9, balance=0, dflock_fence=300)  # deleted since
+    with override_settings(DATABASE_ROUTERS=[_ReadsFromTheReplica()]):
+        for pk in (account, 8):
+            with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
+                fenced_update(Account.objects.filter(pk=pk), 249, balance=1000)
+        assert fenced_update(Account.objects.filter(pk=9), 5, balance=1000) == 0  # no row
+        with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):  # as given
+            fenced_update(Account.objects.using("default").filter(pk=8), 249, balance=1000)
+        with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
+            fenced_upsert(Account, 249, key={"id": account}, values={"balance": 1000})
+    assert [state(pk) for pk in (account, 8)] == [(1, 250), (1, 250)]
+    assert not Account.objects.filter(pk=9).exists()
+    assert [state(pk, replica) for pk in (account, 9)] == [(0, 100), (0, 300)]
