@@ -26,6 +26,8 @@ import pytest
 
 from celery_dflock.client import Client
 from celery_dflock.client._sync.connection import Connection
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
 from tests.support.ports import free_port
 from tests.support.processes import paused
 from tests.support.proxy import FaultProxy
@@ -438,3 +440,49 @@ def test_a_confirmation_whose_renewal_goes_unanswered_leaves_no_held_key(
             assert other.acquire(), "the unconfirmed grant is held by nobody"
             assert other.release()
         assert keeper.release()
+
+
+def test_a_lock_held_across_a_restart_into_a_server_without_client_sessions_stays_held(
+    tmp_path: Path,
+) -> None:
+    """A durable server restarted in place with ``--session-ttl 0`` (or an older version)
+    keeps no client session: it restored the grant to its lease and the holder reattached by
+    token on a connection in no session. The session it held the lock in is over (nothing
+    keeps it now), and that costs the lock nothing: the grant is its connection's, renewed by
+    the lock itself. Before, the keep-alive the new server refused reported it lost while the
+    server held it (and kept it, held by nobody, to its lease's end)."""
+    state = str(tmp_path / "state")
+    first = ServerThread(Config(host="127.0.0.1", port=0, state_dir=state)).start()
+    port = first.port
+    client = Client([("127.0.0.1", port)], session_ttl_s=SESSION_S)
+    second: ServerThread | None = None
+    try:
+        lock = client.lock("k", lease_ttl_s=60)
+        assert lock.acquire()
+        session = lock._core.grant.session  # pyright: ignore[reportPrivateUsage]
+        assert session is not None  # held in the client's session
+        first.stop()
+        second = ServerThread(
+            Config(host="127.0.0.1", port=port, state_dir=state, session_ttl_s=0)
+        ).start()
+        server = second
+
+        def reattached() -> bool:
+            locks = server.stats()["locks"]
+            return bool(locks) and not locks[0]["restored"]
+
+        wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+        wait_until(lambda: not session.live(), timeout=30.0, what="the old session over")
+        assert lock.renew(), lock._core.grant.broken  # pyright: ignore[reportPrivateUsage]
+        assert not lock.lost
+        assert lock.owned()
+        with Wire(second.address) as rival:
+            assert rival.req("l", "k", "0") == "timeout"
+        assert lock.release()
+        with Wire(second.address) as rival:
+            assert rival.req("l", "k", "0").startswith("ok ")
+    finally:
+        client.close()
+        first.stop()
+        if second is not None:
+            second.stop()

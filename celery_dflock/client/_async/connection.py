@@ -218,11 +218,18 @@ class AsyncConnection:
         await self.join(sessions.current(self.endpoint, ttl))
 
     async def join(self, session: ClientSession) -> None:
-        """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
+        """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does. A server
+        restarted without client sessions (``--session-ttl 0``, an older version) answers as to
+        ``hello``: the connection is in no session then."""
         reply, sent = await self._hello(_requests.encode_join_session(session.id, session.ttl))
         info = server_info(self.endpoint, reply, sent)  # raises for a refusal (auth, draining)
         if isinstance(reply, _replies.JsonReply):
             self.server = info  # this run's (a restart grace, its run)
+            if not info.keeps_sessions:  # restarted without them: this connection is in none
+                self.session = None
+                if info.session_ttl_s is not None:  # a session connection, as `connect` makes
+                    self.server = await self.hello()
+                return
             session.durable = info.supports(wire.FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
             session.answered(sent)

@@ -318,6 +318,8 @@ class AsyncHolding:
             self._drop_connection(conn, str(exc))  # the request closed it
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         outcome = self.core.on_renew_reply(reply, sent, conn.session)
+        if outcome.renewed and conn.session is None and self.core.grant.session is not None:
+            self.core.grant.left_session(conn.server, sent)  # a server restarted without them
         if outcome.reattach:
             self._drop_connection(conn, outcome.lost_reason or "the server is shutting down")
         return outcome

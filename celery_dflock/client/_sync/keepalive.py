@@ -7,7 +7,8 @@ there).
 It runs while the session has held locks, on a connection of its own, closed when it ends.
 When the server answers that it has no such session, or the deadline passes with no answer,
 the session is over: every lock held on it is told at once, and its renewal reports the loss
-unless the server was found not running.
+unless the server was found not running. A server restarted without client sessions keeps
+none: the keep-alive stops, and each lock renews its grant by token on a connection of its own.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def keep_session_alive(session: ClientSession, endpoint: Endpoint, checkout: Che
                         session.refused()
                     pause(RETRY_PAUSE_S)
                     continue
+                if conn.session is None:
+                    return  # its server restarted without client sessions: its locks renew
             left = session.deadline() - time.monotonic()
             timeout = max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, left))
             kept = conn.keep_alive(session, timeout)
