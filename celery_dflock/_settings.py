@@ -31,6 +31,7 @@ from celery_dflock.client.clients import (
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
     DEFAULT_SESSION_TTL_S,
+    MIN_SESSION_TTL_S,
     Lease,
     check_auth_token,
     check_limit,
@@ -102,7 +103,9 @@ def check_connect_timeout(value: object, where: str) -> float:
 
 
 def check_session_ttl(value: object, where: str) -> int:
-    return whole_seconds(where, cast("float", value), minimum=1, error=DflockConfigError)
+    return whole_seconds(
+        where, cast("float", value), minimum=MIN_SESSION_TTL_S, error=DflockConfigError
+    )
 
 
 check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
@@ -582,7 +585,7 @@ APP_SETTING_SPECS: Final = (
         "Seconds of each worker's session with a lock server, kept alive every third of it: "
         "a stall of the server, the network or the worker shorter than about two thirds of "
         "it costs no lock; a worker killed outright (not a pool child: its worker frees those "
-        "at once) keeps its keys this long. At most the server's `--max-lease-ttl`.",
+        "at once) keeps its keys this long. At least 2, at most the server's `--max-lease-ttl`.",
     ),
     _setting(
         "dflock_renew_ratio",

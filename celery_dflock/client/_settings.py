@@ -27,6 +27,9 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 DEFAULT_SESSION_TTL_S: Final = 15
 """A client's session time: it rides out a stall of about 9 s without losing a lock; a
 process killed outright keeps its keys this long."""
+MIN_SESSION_TTL_S: Final = 2
+"""The shortest session time kept: the client counts a session over at its time less 0.75 s
+from a keep-alive's send, and sends one every third of it (1 s: over 0.08 s before the next)."""
 
 REPLY_GRACE_S: Final = 10.0
 """How long a reply may take beyond the time the server was asked to wait."""
@@ -269,7 +272,7 @@ class ClientSettings:
             connect_timeout_s=positive_seconds("connect_timeout_s", connect_timeout_s),
             acquire_timeout_s=whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0),
             lease_ttl_s=None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s),
-            session_ttl_s=whole_seconds("session_ttl_s", session_ttl_s, minimum=1),
+            session_ttl_s=whole_seconds("session_ttl_s", session_ttl_s, minimum=MIN_SESSION_TTL_S),
         )
 
     def endpoint(self, host: str, port: int) -> Endpoint:

@@ -619,6 +619,15 @@ def test_a_bad_value_under_an_old_setting_name_is_refused_naming_that_name() -> 
     app.close()
 
 
+def test_a_session_time_no_keep_alive_can_keep_is_refused_naming_the_setting() -> None:
+    """1 s: every lock held on the session was reported lost within a second of its acquire
+    (tests/client/test_client_session.py says why)."""
+    app = mistaken_app(dflock_session_ttl=1)
+    with pytest.raises(DflockConfigError, match=r"dflock_session_ttl must be between 2 and"):
+        get_config(app)
+    app.close()
+
+
 @pytest.mark.parametrize("where", ["attribute", "setting"])
 def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change(
     dflock_server_factory: Any, where: str

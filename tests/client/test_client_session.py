@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_dflock.client import Client
+from celery_dflock.client import Client, DistributedLock
 from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client.errors import InvalidValueError
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 from tests.support.ports import free_port
@@ -486,3 +487,16 @@ def test_a_lock_held_across_a_restart_into_a_server_without_client_sessions_stay
         first.stop()
         if second is not None:
             second.stop()
+
+
+@pytest.mark.parametrize("ttl", [1, 0.5])
+def test_a_session_time_no_keep_alive_can_keep_is_refused(ttl: float) -> None:
+    """A session of 1 s (0.5 rounds up to it) cannot be kept: the client counts it over at its
+    time less 0.75 s (0.25 s after each keep-alive's send), and sends a keep-alive every third
+    of it (0.33 s). Before, it was accepted, and every lock held on it was reported lost about
+    0.3 s after its acquire, its server healthy. 2 s is the shortest session kept."""
+    with pytest.raises(InvalidValueError, match="session_ttl_s must be between 2 and"):
+        Client([("127.0.0.1", 6388)], session_ttl_s=ttl)
+    with pytest.raises(InvalidValueError, match="session_ttl_s must be between 2 and"):
+        DistributedLock("k", session_ttl_s=ttl)
+    assert Client([("127.0.0.1", 6388)], session_ttl_s=2).settings.session_ttl_s == 2
