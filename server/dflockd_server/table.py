@@ -501,10 +501,10 @@ class LockTable:
     def renew(
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
     ) -> int | None:
-        """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
-        A grant whose connection is gone (or restored) becomes ``client``'s (a reattach by
-        token); ``MaxLocks``, the grant unchanged, when that adds a grant to an address at its
-        cap."""
+        """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``
+        (its session past its time, not swept yet, ends here, as a keep-alive ends it). A grant
+        whose connection is gone (or restored) becomes ``client``'s (a reattach by token);
+        ``MaxLocks``, the grant unchanged, when that adds a grant to an address at its cap."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -513,6 +513,11 @@ class LockTable:
         holder = grants.live_holder(entry, token, now)
         if holder is None:
             return None
+        kept = holder.client.kept_by
+        if kept is not None and kept.expires_at <= now:  # over, if not swept yet
+            self._end_session_of(kept, now)
+            if not holder.live:
+                return None
         if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client.closed and client is not None:

@@ -107,6 +107,20 @@ def test_a_keep_alive_that_comes_after_the_session_ran_out_ends_it_and_is_refuse
     assert not held.live
 
 
+def test_a_renewal_by_token_that_comes_after_its_session_ran_out_is_refused(
+    table: LockTable, clock: Clock
+) -> None:
+    """Not swept yet, a session past its time is over for a renewal of one of its grants by
+    token too (``n``, from any connection): answered ``ok``, the grant would be freed at the
+    next sweep under a holder just told its lease runs on."""
+    held = grant(table, "k", SESSION, ttl=3)
+    clock.now += 3
+    assert table.renew("k", held.token, LEASE, table.open_client()) is None
+    assert not held.live
+    assert SESSION not in table.sessions
+    assert isinstance(table.acquire(table.open_client(), "k", LEASE, None, queue=False), Holder)
+
+
 def test_joining_a_session_that_ran_out_starts_a_new_one_without_its_grants(
     table: LockTable, clock: Clock
 ) -> None:
