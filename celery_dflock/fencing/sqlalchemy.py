@@ -10,9 +10,11 @@ adds it to a table that exists, `check_fence_column` checks a deploy's database 
     WHERE <where> AND dflock_fence <= :fence
 
 so the check and the write are one atomic step, under any isolation level. When no row was
-updated, one ``SELECT max(dflock_fence)`` tells a refusal (`StaleFence`) from a row that is
-not there (0 is returned); on MySQL and MariaDB it reads ``FOR UPDATE``, the latest committed
-fence, not repeatable read's snapshot. ``where`` should name one row (its primary key).
+updated, one ``SELECT max(dflock_fence)`` on the connection the ``UPDATE`` ran on (a Session's
+for the bind it chose for the write, not a replica its reads are routed to) tells a refusal
+(`StaleFence`) from a row that is not there (0 is returned); on MySQL and MariaDB it reads
+``FOR UPDATE``, the latest committed fence, not repeatable read's snapshot. ``where`` should
+name one row (its primary key).
 
 `fenced_upsert` inserts the row, or updates it if its fence is not higher, in one statement::
 
@@ -35,7 +37,7 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.orm import Session, scoped_session
+from sqlalchemy.orm import Mapper, Session, scoped_session
 
 from celery_dflock.fencing._sql import (
     MYSQL,
@@ -132,11 +134,13 @@ def fenced_update(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=True)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
+    update = fenced.update(table, values)
     with column_checked(fenced):
-        result = connection.execute(fenced.update(table, values))
+        result = connection.execute(update)
         if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
-        seen = connection.execute(fenced.highest(_dialect(connection, fenced.table))).one()
+        written = _written_on(connection, update, table)
+        seen = written.execute(fenced.highest(written.dialect)).one()
     refuse_unwritten(fenced.label, fenced.fence, seen[0], seen[1])
     return 0
 
@@ -170,10 +174,26 @@ def fenced_upsert(
         result = connection.execute(statement)
         if dialect.name not in MYSQL and result.scalar() is not None:
             return
-        kept = connection.execute(fenced.kept()).one_or_none()
+        written = _written_on(connection, statement, fenced.table)
+        kept = written.execute(fenced.kept()).one_or_none()
     if kept is None:
         raise upsert_elsewhere(fenced.label())
     refuse_unwritten(fenced.label, fenced.fence, kept[0], 1)
+
+
+def _written_on(
+    connection: Connection | Session | scoped_session[Any],
+    statement: sa.Executable,
+    table: sa.Table | type[Any],
+) -> Connection:
+    """The connection that ``statement``, a write to ``table``, ran on: a Session's for the
+    bind it chose for it (a Session that routes by statement, as SQLAlchemy's read/write
+    splitting recipe, would send the read that checks the write to a replica that lags)."""
+    if isinstance(connection, Connection):
+        return connection
+    subject: object = sa.inspect(table)  # an ORM mapped class's Mapper, given for the write
+    mapper = cast("Mapper[Any]", subject) if isinstance(subject, Mapper) else None
+    return connection.connection(bind_arguments={"clause": statement, "mapper": mapper})
 
 
 def _dialect(connection: Connection | Session | scoped_session[Any], table: sa.Table) -> sa.Dialect:

@@ -10,13 +10,21 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from celery_dflock import LockLost
 from celery_dflock.client.errors import InvalidValueError
-from celery_dflock.fencing import FenceMissing, StaleFence
+from celery_dflock.fencing import FenceMissing, StaleFence, sqlalchemy_aio
 from celery_dflock.fencing.sqlalchemy import add_fence_column, fenced_update, fenced_upsert
-from tests.fencing.stores import ACCOUNTS, mariadb_engine
+from tests.fencing.stores import (
+    ACCOUNTS,
+    METADATA,
+    async_engine_for,
+    engine_for,
+    mariadb_engine,
+    new_schema_name,
+)
 from tests.support.services import require_mariadb
 
 
@@ -222,3 +230,105 @@ def test_a_stale_update_after_a_read_in_its_transaction_is_refused(
         with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
             fenced_update(paused, ACCOUNTS, ACCOUNTS.c.id == 7, fence=249, values={"balance": 1000})
     assert row(server_engine, 7) == (100, 250)
+
+
+@pytest.fixture
+def follower() -> Iterator[sa.Engine]:
+    """An engine on a PostgreSQL database of this test's own with the ``account`` table,
+    standing for a follower (a read replica) of the ``engine`` fixture's that lags; dropped
+    after."""
+    name = new_schema_name()
+    server = engine_for().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with server.connect() as db:
+            db.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        made = sa.create_engine(server.url.set(database=name))
+        try:
+            METADATA.create_all(made)
+            yield made
+        finally:
+            made.dispose()
+            with server.connect() as db:
+                db.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        server.dispose()
+
+
+def reading_from(follower: sa.Engine, leader: sa.Engine) -> type[Session]:
+    """A Session of SQLAlchemy's read/write splitting recipe (its docs' ``RoutingSession``):
+    writes and flushes go to ``leader``, anything else (a ``SELECT``) to ``follower``."""
+
+    class RoutingSession(Session):
+        def get_bind(self, mapper: Any = None, clause: Any = None, **kw: Any) -> sa.Engine:
+            if self._flushing or isinstance(clause, sa.Update | sa.Insert | sa.Delete):
+                return leader
+            return follower
+
+    return RoutingSession
+
+
+def test_a_refusal_is_told_from_no_row_on_the_database_written_not_a_lagging_follower(
+    engine: sa.Engine, account: int, follower: sa.Engine
+) -> None:
+    """Through a Session that sends writes to the leader and reads to a follower, the check
+    of a refused ``UPDATE`` read the follower: a stale write to a row whose copy there was
+    older, or not there yet, returned 0, as for a row that is not there, and a row deleted
+    from the leader but not yet from the follower raised `StaleFence` for a fence the leader
+    never held; a refused upsert of a row whose copy there was older returned as if written,
+    and of one not there yet raised `InvalidValueError` (a collision on another key)."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Account(Base):
+        __tablename__ = "account"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        balance: Mapped[int]
+        dflock_fence: Mapped[int]
+
+    credit(engine, account, 250)  # the leader's row 7
+    with engine.begin() as db:  # not on the follower yet
+        db.execute(sa.insert(ACCOUNTS).values(id=8, balance=1, dflock_fence=250))
+    with follower.begin() as db:  # an older row 7, and a row 9 deleted from the leader since
+        db.execute(sa.insert(ACCOUNTS).values(id=account, balance=0, dflock_fence=100))
+        db.execute(sa.insert(ACCOUNTS).values(id=9, balance=0, dflock_fence=300))
+    stale = r"fence 249 is lower than 250"
+    with reading_from(follower, engine)() as session:
+        for pk in (account, 8):
+            with pytest.raises(StaleFence, match=stale):
+                fenced_update(session, ACCOUNTS, ACCOUNTS.c.id == pk, fence=249, values={})
+            with pytest.raises(StaleFence, match=stale):  # the ORM face: the update's mapper
+                fenced_update(session, Account, Account.id == pk, fence=249, values={})
+            with pytest.raises(StaleFence, match=stale):
+                fenced_upsert(session, ACCOUNTS, key={"id": pk}, fence=249, values={})
+        assert fenced_update(session, ACCOUNTS, ACCOUNTS.c.id == 9, fence=5, values={}) == 0
+        session.commit()
+    assert [row(engine, pk) for pk in (account, 8)] == [(1, 250), (1, 250)]
+    assert [row(follower, pk) for pk in (account, 9)] == [(0, 100), (0, 300)]
+
+
+async def test_the_async_face_checks_a_refusal_on_the_database_written_too(
+    pg_schema: str, engine: sa.Engine, account: int, follower: sa.Engine
+) -> None:
+    """The asyncio face runs the blocking one on the ``AsyncSession``'s Session (its
+    ``sync_session_class``, routing as above): it read the follower's older row, so the
+    refused update returned 0 and the refused upsert returned as if it had written."""
+    credit(engine, account, 250)
+    with follower.begin() as db:  # an older row 7
+        db.execute(sa.insert(ACCOUNTS).values(id=account, balance=0, dflock_fence=100))
+    leader = async_engine_for(pg_schema)
+    lagging = create_async_engine(follower.url.set(drivername="postgresql+psycopg_async"))
+    routing = reading_from(lagging.sync_engine, leader.sync_engine)
+    where = ACCOUNTS.c.id == account
+    try:
+        async with AsyncSession(sync_session_class=routing) as session:
+            with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
+                await sqlalchemy_aio.fenced_update(session, ACCOUNTS, where, fence=249, values={})
+            with pytest.raises(StaleFence, match=r"fence 249 is lower than 250"):
+                await sqlalchemy_aio.fenced_upsert(
+                    session, ACCOUNTS, key={"id": account}, fence=249, values={}
+                )
+    finally:
+        await leader.dispose()
+        await lagging.dispose()
+    assert (row(engine, account), row(follower, account)) == ((1, 250), (0, 100))
