@@ -169,15 +169,21 @@ class Leadership:
 
     def confirm(self) -> bool:
         """Ask the lock server, now, whether this process still holds the lock (a renewal);
-        a refusal demotes this process at once: the caller must not send."""
+        a refusal, or an answer read after the lease it renewed ran out, demotes this process
+        at once: the caller must not send."""
         with self._guard:
             lock = self._lock
         if lock is None or not self._active.is_set() or lock.lost:
             return False
+        why = "the lock server no longer confirms it"
         with suppress(DflockError):
             if lock.renew():
-                return True
-        self._demote(lock, "the lock server no longer confirms it")
+                # An answer read after the lease it renewed ran out (this beat paused while
+                # it was on its way) confirms nothing: another beat may lead by now.
+                if lock.owned():
+                    return True
+                why = "its lease ran out before the lock server's answer was read"
+        self._demote(lock, why)
         return False
 
     def stop(self, *, release: bool = True) -> None:

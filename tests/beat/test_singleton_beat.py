@@ -481,3 +481,49 @@ def test_a_beat_whose_lease_no_server_grants_stops_naming_the_setting(
     assert "the lease asked for (400 s) is above the longest lease" in last, last
     assert "dflock_beat_lease_ttl" in last, last
     assert broker.sent() == []
+
+
+def test_a_leader_stopped_while_its_confirm_is_answered_does_not_send_when_it_resumes(
+    make_cluster: Callable[..., Cluster], broker: Broker, sessionless_server_proxy: FaultProxy
+) -> None:
+    """The leader is stopped (SIGSTOP, a frozen VM) once its confirm before a send reached the
+    lock server, before it read the answer ("renewed, 10 s left"), which waits in its socket
+    while that lease runs out and the standby takes over. Woken, the leader must not take the
+    answer for a confirm: by its own clock the lease it renewed has ended. It did, and sent the
+    run beside the new leader. A server without sessions (``--session-ttl 0``, a foreign
+    dflockd): with sessions the same happens when the leader wakes before its session's end."""
+    lock_server_proxy = sessionless_server_proxy
+    host, port = lock_server_proxy.address
+    key = f"beat-test:{uuid.uuid4().hex[:10]}"
+    # Lease 10 s, renewed by the background 9 s after the grant: the renew held below is the
+    # main thread's confirm before a send (checked: the main thread waits on the socket).
+    cluster = make_cluster(
+        dflock_servers=f"{host}:{port}",
+        dflock_beat_lock_key=key,
+        dflock_beat_lease_ttl=10,
+        dflock_renew_ratio=0.9,
+    )
+    cluster.start_beats(2)
+    old = cluster.by_pid(broker.wait_sent(1, timeout=60)[0].pid)
+    standby = next(b for b in cluster.beats() if b is not old)
+
+    held = lock_server_proxy.hold_reply_after(b"n\n" + key.encode() + b"\n")
+    assert held.wait(TAKEOVER_TIMEOUT_S), f"no renew within {TAKEOVER_TIMEOUT_S}s:\n{old.output()}"
+    wait_until(
+        lambda: main_thread_waits_on_io(old.pid),
+        timeout=TAKEOVER_TIMEOUT_S,
+        what="the beat to wait for the reply to its renew",
+    )
+    old.send(signal.SIGSTOP)
+    stopped_at = time.time()
+    lock_server_proxy.release_replies()  # the answer reaches the stopped beat's socket
+
+    # The lease the confirm renewed runs out; the standby takes over and sends.
+    standby.wait_line(ACTIVE, timeout=2 * TAKEOVER_TIMEOUT_S)
+    broker.wait_sent(1, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid, after=stopped_at)
+    old.send(signal.SIGCONT)
+
+    old.wait_line(LOST, timeout=TAKEOVER_TIMEOUT_S)
+    late = [m for m in broker.sent() if m.pid == old.pid and m.at > stopped_at]
+    assert not late, f"the stopped beat sent after its lease ran out: {late}\n{old.output()}"
+    assert old.alive(), old.output()
