@@ -489,6 +489,68 @@ def test_a_lock_held_across_a_restart_into_a_server_without_client_sessions_stay
             second.stop()
 
 
+def _held_across_a_restart_then_cut_off(
+    tmp_path: Path, *, max_lease_ttl_s: int = 300, default_lease_ttl_s: int = 33
+) -> None:
+    """A lock on the server's lease in a 12 s client session, held across a restart in place
+    of its durable server with these leases (the defaults: 300 s, 33 s); once a keep-alive
+    sent after its renewal by token was answered, the holder hears nothing more (a stall: as a
+    paused holder). When the server has freed the key (a rival is granted it), the holder must
+    not claim it."""
+    state = str(tmp_path / "state")
+    first = ServerThread(Config(host="127.0.0.1", port=0, state_dir=state)).start()
+    port = first.port
+    proxy = FaultProxy(("127.0.0.1", port)).start()
+    client = Client([proxy.address], session_ttl_s=12)
+    restarted: ServerThread | None = None
+    try:
+        lock = client.lock("k")  # the server's lease (33 s on the first run)
+        assert lock.acquire()
+        first.stop()
+        config = Config(
+            host="127.0.0.1",
+            port=port,
+            state_dir=state,
+            max_lease_ttl_s=max_lease_ttl_s,
+            default_lease_ttl_s=default_lease_ttl_s,
+        )
+        restarted = server = ServerThread(config).start()
+
+        def reattached() -> bool:
+            locks = server.stats()["locks"]
+            return bool(locks) and not locks[0]["restored"]
+
+        wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+        grant = lock._core.grant  # pyright: ignore[reportPrivateUsage]
+
+        def kept_since() -> bool:
+            session = grant.session
+            return lock.lost or (session is not None and session.renewed_at > grant.confirmed_at)
+
+        wait_until(kept_since, timeout=30.0, what="a keep-alive answered after the renewal")
+        assert not lock.lost
+        proxy.stall(120.0)
+        with Wire(server.address) as rival:
+            assert rival.req("l", "k", "60").startswith("ok ")  # the server freed it
+        assert not lock.owned()
+    finally:
+        proxy.resume()
+        client.close()
+        proxy.stop()
+        first.stop()
+        if restarted is not None:
+            restarted.stop()
+
+
+def test_a_session_cut_by_a_restart_with_a_lower_max_lease_is_counted_at_its_cut_time(
+    tmp_path: Path,
+) -> None:
+    """Restarted with ``--max-lease-ttl 5``, the server cut the rejoined 12 s session to 5 s.
+    Before, the client counted 12 s from each keep-alive: a holder cut off still claimed the
+    lock after the server had ended its session and granted the key to a rival."""
+    _held_across_a_restart_then_cut_off(tmp_path, max_lease_ttl_s=5, default_lease_ttl_s=5)
+
+
 @pytest.mark.parametrize("ttl", [1, 0.5])
 def test_a_session_time_no_keep_alive_can_keep_is_refused(ttl: float) -> None:
     """A session of 1 s (0.5 rounds up to it) cannot be kept: the client counts it over at its

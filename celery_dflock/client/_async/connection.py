@@ -233,6 +233,9 @@ class AsyncConnection:
             session.durable = info.supports(wire.FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
             session.answered(sent)
+            # The server keeps it at most its longest lease, which a restart may have lowered
+            # since the session began: it is counted (and kept alive) at what the server keeps.
+            session.ttl = info.session_ttl(session.ttl)
             self.session = session
 
     async def end_session(self, session: ClientSession) -> None:
