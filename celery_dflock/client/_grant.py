@@ -184,6 +184,9 @@ class HeldGrant:
             self.session = session
         session = self.session
         self.confirmed_at = self.clock()
+        # What the server renews it for from now on, its keep-alives too: a restart with a
+        # lower default lease shortens a lease that names none.
+        self.lease = seconds_remaining
         self.run = None if session is None else session.run
         self.kept_end, self.kept_at = 0.0, -math.inf
         self.lease_deadline = sent_at + seconds_remaining

@@ -551,6 +551,17 @@ def test_a_session_cut_by_a_restart_with_a_lower_max_lease_is_counted_at_its_cut
     _held_across_a_restart_then_cut_off(tmp_path, max_lease_ttl_s=5, default_lease_ttl_s=5)
 
 
+def test_a_lease_a_restart_with_a_lower_default_lease_shortened_is_counted_at_its_new_length(
+    tmp_path: Path,
+) -> None:
+    """Restarted with ``--default-lease-ttl 5``, the server renewed the lock's grant (asked
+    with no lease: the server's) for 5 s, and each keep-alive since for 5 s. Before, the
+    client went on counting each keep-alive as a renewal of the 33 s it was first granted: a
+    holder cut off still claimed the lock after the lease had run out and a rival was granted
+    the key."""
+    _held_across_a_restart_then_cut_off(tmp_path, default_lease_ttl_s=5)
+
+
 @pytest.mark.parametrize("ttl", [1, 0.5])
 def test_a_session_time_no_keep_alive_can_keep_is_refused(ttl: float) -> None:
     """A session of 1 s (0.5 rounds up to it) cannot be kept: the client counts it over at its
