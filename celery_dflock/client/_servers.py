@@ -9,7 +9,7 @@ from typing import Final
 
 from celery_dflock.client import _replies, wire
 from celery_dflock.client._replies import ErrorReply, Reply
-from celery_dflock.client._settings import Endpoint, lease_name
+from celery_dflock.client._settings import MIN_SESSION_TTL_S, Endpoint, lease_name
 from celery_dflock.client.errors import (
     AuthError,
     ForceReleaseUnsupported,
@@ -51,7 +51,12 @@ class ServerInfo:
 
     @property
     def keeps_sessions(self) -> bool:
-        """True when it keeps client sessions (lists ``keepalive``)."""
+        """True when it keeps client sessions (lists ``keepalive``) that a keep-alive can keep:
+        it cuts a session to its longest lease, and one below ``MIN_SESSION_TTL_S`` is over
+        before the next keep-alive (then its locks renew by themselves, as without sessions)."""
+        limit = self.max_lease_ttl_s
+        if limit is not None and limit < MIN_SESSION_TTL_S:
+            return False
         return wire.FEATURE_KEEPALIVE in self.features
 
     def session_ttl(self, asked: int) -> int:

@@ -562,6 +562,81 @@ def test_a_lease_a_restart_with_a_lower_default_lease_shortened_is_counted_at_it
     _held_across_a_restart_then_cut_off(tmp_path, default_lease_ttl_s=5)
 
 
+def test_a_server_whose_longest_lease_no_session_can_last_keeps_none_and_its_locks_renew(
+    tmp_path: Path,
+) -> None:
+    """``dflockd --max-lease-ttl 1`` cuts every client session to 1 s, which no keep-alive
+    can keep (as a 1 s ``session_ttl_s``). The client keeps no session with such a server: its
+    locks renew by themselves, as with a server without client sessions. Before, it joined a
+    1 s session, and every lock was reported lost about 0.3 s after its acquire, the server
+    healthy."""
+    args = ("--max-lease-ttl", "1", "--default-lease-ttl", "1")
+    with dflockd_subprocess(tmp_path / "dflockd.log", *args) as (_, address):
+        client = Client([address])
+        try:
+            lock = client.lock("k")
+            assert lock.acquire()
+            grant = lock._core.grant  # pyright: ignore[reportPrivateUsage]
+            acquired = grant.confirmed_at
+            wait_until(
+                lambda: lock.lost or grant.confirmed_at > acquired,
+                timeout=30.0,
+                what="the lock renewed its grant, or was lost",
+            )
+            assert not lock.lost
+            assert grant.session is None
+            with Wire(address) as wire:
+                assert wire.stats()["sessions"] == 0
+        finally:
+            client.close()
+
+
+def test_a_lock_held_across_a_restart_into_a_longest_lease_no_session_can_last_stays_held(
+    tmp_path: Path,
+) -> None:
+    """A durable server restarted in place with ``--max-lease-ttl 1``: the client's rejoin
+    (sent before it knew) made a session the server cut to 1 s. The connection ends it at once,
+    nothing on it yet, and the lock renews its restored grant by token, then by itself, in no
+    session. Before, the client went on in that session, which no keep-alive can keep, and the
+    lock was reported lost within a second of its reattach, the server healthy."""
+    state = str(tmp_path / "state")
+    first = ServerThread(Config(host="127.0.0.1", port=0, state_dir=state)).start()
+    port = first.port
+    client = Client([("127.0.0.1", port)], session_ttl_s=SESSION_S)
+    second: ServerThread | None = None
+    try:
+        lock = client.lock("k")  # the server's lease: 33 s, then 1 s after the restart
+        assert lock.acquire()
+        first.stop()
+        config = Config(
+            host="127.0.0.1", port=port, state_dir=state, max_lease_ttl_s=1, default_lease_ttl_s=1
+        )
+        second = server = ServerThread(config).start()
+
+        def reattached() -> bool:
+            locks = server.stats()["locks"]
+            return bool(locks) and not locks[0]["restored"]
+
+        wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+        grant = lock._core.grant  # pyright: ignore[reportPrivateUsage]
+        confirmed = grant.confirmed_at
+        for _ in range(3):  # past the 1 s a session on it would have lived
+            wait_until(
+                lambda since=confirmed: lock.lost or grant.confirmed_at > since,
+                timeout=30.0,
+                what="the lock renewed its grant, or was lost",
+            )
+            assert not lock.lost
+            confirmed = grant.confirmed_at
+        assert grant.session is None
+        assert server.stats()["sessions"] == 0
+    finally:
+        client.close()
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
 @pytest.mark.parametrize("ttl", [1, 0.5])
 def test_a_session_time_no_keep_alive_can_keep_is_refused(ttl: float) -> None:
     """A session of 1 s (0.5 rounds up to it) cannot be kept: the client counts it over at its

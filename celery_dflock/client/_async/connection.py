@@ -227,6 +227,10 @@ class AsyncConnection:
             self.server = info  # this run's (a restart grace, its run)
             if not info.keeps_sessions:  # restarted without them: this connection is in none
                 self.session = None
+                if info.supports(wire.FEATURE_KEEPALIVE):
+                    # It keeps them, but cut this one to a longest lease no keep-alive can keep
+                    # (`ServerInfo.keeps_sessions`): ended at once, before anything is on it.
+                    await self._hello(_requests.encode_join_session(session.id, 0))
                 if info.session_ttl_s is not None:  # a session connection, as `connect` makes
                     self.server = await self.hello()
                 return
