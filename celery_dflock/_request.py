@@ -252,7 +252,9 @@ def note_parts(note: str | None) -> HolderNote:
     parts = [unquote(part) or None for part in note.split("/", 3)]
     parts += [None] * (4 - len(parts))
     task_id, host, pid, name = parts
-    return HolderNote(task_id, host, int(pid) if pid and pid.isdigit() else None, name)
+    # ASCII digits only: ``str.isdigit`` takes "²" too, which ``int`` refuses.
+    number = int(pid) if pid and pid.isascii() and pid.isdigit() else None
+    return HolderNote(task_id, host, number, name)
 
 
 def decode_note(note: str | None) -> tuple[str | None, str | None]:
@@ -286,7 +288,7 @@ def beat_pid(task_part: str | None) -> int | None:
     if task_part is None or not task_part.startswith(_BEAT_PREFIX):
         return None
     digits = task_part.removeprefix(_BEAT_PREFIX)
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)

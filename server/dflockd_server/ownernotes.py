@@ -37,7 +37,9 @@ def holder_of(note: object) -> HolderNote:
     task_id, host, pid, name = parts
     if task_id is not None and task_id.startswith(_BEAT_PREFIX) and pid is None:
         pid, task_id, name = task_id.removeprefix(_BEAT_PREFIX), None, "celery beat"
-    return HolderNote(task_id, host, int(pid) if pid and pid.isdigit() else None, name)
+    # ASCII digits only: ``str.isdigit`` takes "²" too, which ``int`` refuses.
+    number = int(pid) if pid and pid.isascii() and pid.isdigit() else None
+    return HolderNote(task_id, host, number, name)
 
 
 def readable_note(note: str | None) -> str:

@@ -17,6 +17,8 @@ import struct
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from benchmarks.cli import HELD_NOTE, environment, project, run_once
-from celery_dflock import Client, DistributedLock, ServerReadOnly
+from celery_dflock import Client, DistributedLock, LockNotAcquired, ServerReadOnly
 from celery_dflock.client.sharding import stable_hash_shard
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
@@ -380,6 +382,43 @@ def test_the_status_page_names_the_task_id_and_worker_of_each_held_key(
                 shutil.copy(phone, Path(keep).with_name("status-390.png"))
         finally:
             client.force_release("ops:<b>bold</b>")
+
+
+def test_a_note_whose_pid_is_no_number_breaks_neither_the_page_nor_locks_nor_a_run(
+    ops: OpsRig,
+) -> None:
+    """A holder's note is whatever its client sent (printable ASCII): one whose pid part
+    decodes to a digit that is no decimal one (``%C2%B2``, a superscript two) once made the
+    page answer 500, ``dflock locks`` end in a traceback, and a run meeting the key busy fail
+    with ValueError instead of its ``on_locked``, for as long as the hold lasted."""
+    group = uuid.uuid4().hex[:8]
+    key, beat = f"shared:{group}", f"beat-note:{group}"
+    with Client([ops.address]) as client:
+        client.hold(key, note="4f1c/celery%40w1/%C2%B2/proj.tasks.report", lease_ttl=60)
+        client.hold(beat, note="beat:%C2%B2/host-b", lease_ttl=60)
+        try:
+            status, body = _page(ops.page_url())
+            assert status == 200, body[-2000:]
+            assert key in body and beat in body and "proj.tasks.report" in body
+            run = ops.rig.send("shared_key_raise", 1, group, None)
+            with pytest.raises(LockNotAcquired, match="is held by task 4f1c"):
+                run.get(timeout=60)
+            shown = ops.cli("locks")
+            assert shown.returncode == 0, shown.stderr[-2000:]
+            (row,) = [line for line in shown.stdout.splitlines() if key in line]
+            assert "4f1c" in row and "celery@w1" in row
+            assert any(beat in line for line in shown.stdout.splitlines())
+        finally:
+            client.force_release(key)
+            client.force_release(beat)
+
+
+def _page(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 # ------------------------------------------------------------------------------ answer time

@@ -121,6 +121,7 @@ def test_a_run_s_note_names_its_pid_and_task_and_older_readers_still_find_the_ta
         encode_note("id", "h" * 196, pid=12, name="n"),  # shortened: the host alone
         encode_note("i" * 190, "celery@w1", pid=1, name="t"),  # shortened: the id alone
         "a/b/notapid/c%2Fd",  # not a pid
+        "a/b/%C2%B2/c",  # not a pid either: a digit, but no decimal one (a superscript two)
         beat_note(77, "host-b"),
         None,
         "_",

@@ -31,6 +31,10 @@ def test_owner_notes_as_celery_dflock_writes_them_and_others() -> None:
     assert holder_of("4f1c") == HolderNote("4f1c")  # a publish-time hold, its message queued
     assert holder_of("beat:77/host-b") == HolderNote(None, "host-b", 77, "celery beat")
     assert holder_of("a/b/notapid/c%2Fd") == HolderNote("a", "b", None, "c/d")
+    # Digits, but no decimal ones (a superscript two; a fullwidth one): no pid either.
+    assert holder_of("a/b/%C2%B2/c") == HolderNote("a", "b", None, "c")
+    assert holder_of("a/b/%EF%BC%91/c") == HolderNote("a", "b", None, "c")
+    assert holder_of("beat:%C2%B2/host-b") == HolderNote(None, "host-b", None, "celery beat")
     for nothing in (None, "", "_", 5):
         assert holder_of(nothing) == HolderNote()
 
