@@ -242,6 +242,16 @@ def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shown(text: str) -> str:
+    """``text`` (a key, a part of a holder's note: whatever a client sent) for the terminal:
+    each character that is not printable (a backspace, an escape, a bidi override) written
+    as Python writes it (``\\x08``), so nothing a client sent moves the cursor or hides a
+    row; ``--json`` has the text exactly."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -331,14 +341,14 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             rows.append(
                 [
                     rep.address,
-                    str(lock.get("key", "?")),
+                    _shown(str(lock.get("key", "?"))),
                     "lock",
                     "-" if lease is None else f"{float(lease):.1f}s",
                     "1",
                     str(lock.get("waiters", 0)),
-                    name or "-",
-                    held["holder_task_id"] or "-",
-                    host,
+                    _shown(name or "-"),
+                    _shown(held["holder_task_id"] or "-"),
+                    _shown(host),
                     RESTORED_MARK if lock.get("restored") is True else "",
                 ]
             )
@@ -346,7 +356,7 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             rows.append(
                 [
                     rep.address,
-                    str(sem.get("key", "?")),
+                    _shown(str(sem.get("key", "?"))),
                     f"semaphore/{sem.get('limit', '?')}",
                     "-",
                     str(sem.get("holders", "?")),
@@ -656,7 +666,8 @@ def release(
         )
     else:
         lines: list[str] = []
-        for k, result in done:
+        for freed, result in done:
+            k = _shown(freed)
             if isinstance(result, str):
                 lines.append(f"{k}: NOT released: {result}")
             elif result:

@@ -421,6 +421,36 @@ def _page(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def test_locks_and_release_show_a_key_s_control_characters_escaped_never_raw(
+    ops: OpsRig,
+) -> None:
+    """A key may hold any character but space, tab, CR and LF, and a note's parts are
+    percent-decoded: backspaces or an escape sequence (a key built from a task's arguments)
+    reached the operator's terminal as they were, so ``report:42<BS><BS>17`` read as another
+    key and ``ESC[1A ESC[2K`` erased the row above it. Shown escaped, as Python writes them
+    (bash's ``$'...'`` reads them back); ``--json`` has them exactly."""
+    name = uuid.uuid4().hex[:8]
+    key = f"ctl:{name}:42\b\b17\x1b[1A\x1b[2K\u202e"
+    with Client([ops.address]) as client:
+        client.hold(key, note="t1/evil%08%08host/1/n", lease_ttl=60)
+        try:
+            shown = ops.cli("locks")
+            assert shown.returncode == 0, shown.stderr[-2000:]
+            raw = [ch for ch in shown.stdout if ch != "\n" and not ch.isprintable()]
+            assert not raw, shown.stdout
+            (row,) = [line for line in shown.stdout.splitlines() if f"ctl:{name}" in line]
+            assert f"ctl:{name}:42\\x08\\x0817\\x1b[1A\\x1b[2K\\u202e" in row
+            assert "evil\\x08\\x08host" in row
+            exact = json.loads(ops.cli("locks", "--json").stdout)
+            assert key in [lock["key"] for lock in exact[0]["stats"]["locks"]]
+            released = ops.cli("release", "--all", "--prefix", f"ctl:{name}")
+            assert released.returncode == 0, released.stderr[-2000:]
+            assert not [ch for ch in released.stdout if ch != "\n" and not ch.isprintable()]
+            assert "\\x08\\x0817\\x1b[1A" in released.stdout and "released (1" in released.stdout
+        finally:
+            client.force_release(key)
+
+
 # ------------------------------------------------------------------------------ answer time
 def test_dflock_locks_answers_in_under_a_second_of_its_own_time(
     ops: OpsRig, tmp_path: Path
