@@ -185,6 +185,7 @@ def publish_hold(
     *,
     countdown: float | None = None,
     eta: Any = None,
+    expires: Any = None,
     in_canvas: bool = False,
 ) -> PublishHold | Follow | None:
     """Take the publish-time hold of a message of ``task``; None: it is not sent under one. A
@@ -208,7 +209,7 @@ def publish_hold(
             f"hold of key {key!r} names it in its owner note: at most {NOTE_MAX_BYTES - 1} "
             f"characters once percent-encoded; send the task with a shorter task_id"
         )
-    leases = _pending_leases(options, countdown, eta)
+    leases = _pending_leases(options, countdown, eta, expires)
     lease = leases[-1]  # the shortest, named when even that is refused
 
     def take(ttl: int) -> Hold:
@@ -358,7 +359,7 @@ def hand_off_hold(
     requeued (its `HOLD_HEADER` unchanged): detached with the longest pending lease the server
     grants, for that message's run to take over: ``held``, or None when it cannot be kept: it is
     released (or, the server unreachable, ends with its lease), and a warning says why."""
-    leases = _pending_leases(options, countdown, eta)
+    leases = _pending_leases(options, countdown, eta, getattr(request, "expires", None))
     lease = leases[-1]
     try:
         handed, lease = _longest_granted(leases, lock.hand_off)
@@ -387,32 +388,52 @@ _Asked = TypeVar("_Asked")
 _PENDING_DEFAULT: Final = "lock_pending_ttl (dflock_lock_pending_ttl), by default"
 
 
-def _pending_leases(options: LockOptions, countdown: object, eta: object) -> tuple[int, ...]:
+def _pending_leases(
+    options: LockOptions, countdown: object, eta: object, expires: object = None
+) -> tuple[int, ...]:
     """The leases to ask for the hold of a message sent with ``countdown`` or ``eta``, longest
     first: ``lock_pending_ttl`` from when it is due (a due message may wait in the queue as
     any other), then, for a server whose ``--max-lease-ttl`` is shorter, until it is due or
     ``lock_pending_ttl``, whichever is later. Celery sends it due at its countdown when both
-    are given."""
-    if isinstance(eta, str):
-        try:
-            eta = datetime.fromisoformat(eta)
-        except ValueError:
-            eta = None
-    delay_s = 0.0
+    are given. None outlives the message's ``expires``: no run can start after it, and a
+    broker that drops an expired message itself (RabbitMQ) leaves no worker to free it."""
     if isinstance(countdown, int | float) and not isinstance(countdown, bool) and countdown:
         delay_s = max(0.0, float(countdown))  # (a NaN: 0)
-    elif isinstance(eta, datetime):
-        tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
-        delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
+    else:
+        delay_s = _seconds_until(eta) or 0.0
     delay = max(0, math.ceil(delay_s))
     pending = options.pending_ttl  # (set: a Lease naming where; the default: named here)
     pending = pending if isinstance(pending, Lease) else Lease(pending, _PENDING_DEFAULT)
     if not delay:
-        return (pending,)
-    due = "the message's countdown/eta"  # named by a refusal, as a setting is
-    return Lease(delay + pending, f"{due} plus lock_pending_ttl"), (
-        pending if pending >= delay else Lease(delay, due)
-    )
+        leases: tuple[int, ...] = (pending,)
+    else:
+        due = "the message's countdown/eta"  # named by a refusal, as a setting is
+        leases = (
+            Lease(delay + pending, f"{due} plus lock_pending_ttl"),
+            pending if pending >= delay else Lease(delay, due),
+        )
+    if isinstance(expires, int | float) and not isinstance(expires, bool):
+        expires_s: float | None = float(expires)  # seconds from now, as Celery reads it
+    else:
+        expires_s = _seconds_until(expires)
+    if expires_s is None or not math.isfinite(expires_s):
+        return leases
+    until = Lease(max(1, math.ceil(expires_s)), "the message's expires")
+    return tuple(until if until < lease else lease for lease in leases)
+
+
+def _seconds_until(when: object) -> float | None:
+    """Seconds from now to ``when`` (a datetime or its ISO text; a naive one is UTC, as Celery
+    reads an eta), or None for anything else."""
+    if isinstance(when, str):
+        try:
+            when = datetime.fromisoformat(when)
+        except ValueError:
+            return None
+    if not isinstance(when, datetime):
+        return None
+    tz = when.tzinfo or UTC
+    return (when.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
 
 
 def _longest_granted(leases: tuple[int, ...], ask: Callable[[int], _Asked]) -> tuple[_Asked, int]:

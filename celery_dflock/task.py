@@ -158,6 +158,7 @@ class LockedTask(Task):
             str(task_id),  # Celery takes any id (an int too): the note holds it as text
             countdown=options.get("countdown"),
             eta=options.get("eta"),
+            expires=options.get("expires", getattr(self, "expires", None)),  # as Celery reads it
             in_canvas=in_canvas,
         )
         if taken is None:
