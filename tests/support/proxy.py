@@ -110,6 +110,9 @@ class FaultProxy:
                 task.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            # A transport aborted in the loop's last turn (an upstream connect that finished
+            # as the proxy stopped) closes its socket in the next one: run it.
+            loop.run_until_complete(asyncio.sleep(0))
             loop.close()
 
     async def _listen(self) -> None:
@@ -274,6 +277,8 @@ class FaultProxy:
         try:
             assert self._flowing is not None
             await self._flowing.wait()
+            if pair not in self._pairs:  # cut while it stalled (a stop): nothing to connect
+                return
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(*self.upstream), CONNECT_TIMEOUT_S
             )
