@@ -443,6 +443,16 @@ def test_a_confirmation_whose_renewal_goes_unanswered_leaves_no_held_key(
         assert keeper.release()
 
 
+def _wait_reattached(server: ServerThread) -> None:
+    """Until the one lock the restarted ``server`` restored is renewed by its holder's token."""
+
+    def reattached() -> bool:
+        locks = server.stats()["locks"]
+        return bool(locks) and not locks[0]["restored"]
+
+    wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+
+
 def test_a_lock_held_across_a_restart_into_a_server_without_client_sessions_stays_held(
     tmp_path: Path,
 ) -> None:
@@ -466,13 +476,7 @@ def test_a_lock_held_across_a_restart_into_a_server_without_client_sessions_stay
         second = ServerThread(
             Config(host="127.0.0.1", port=port, state_dir=state, session_ttl_s=0)
         ).start()
-        server = second
-
-        def reattached() -> bool:
-            locks = server.stats()["locks"]
-            return bool(locks) and not locks[0]["restored"]
-
-        wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+        _wait_reattached(second)
         wait_until(lambda: not session.live(), timeout=30.0, what="the old session over")
         assert lock.renew(), lock._core.grant.broken  # pyright: ignore[reportPrivateUsage]
         assert not lock.lost
@@ -515,12 +519,7 @@ def _held_across_a_restart_then_cut_off(
             default_lease_ttl_s=default_lease_ttl_s,
         )
         restarted = server = ServerThread(config).start()
-
-        def reattached() -> bool:
-            locks = server.stats()["locks"]
-            return bool(locks) and not locks[0]["restored"]
-
-        wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+        _wait_reattached(server)
         grant = lock._core.grant  # pyright: ignore[reportPrivateUsage]
 
         def kept_since() -> bool:
@@ -612,12 +611,7 @@ def test_a_lock_held_across_a_restart_into_a_longest_lease_no_session_can_last_s
             host="127.0.0.1", port=port, state_dir=state, max_lease_ttl_s=1, default_lease_ttl_s=1
         )
         second = server = ServerThread(config).start()
-
-        def reattached() -> bool:
-            locks = server.stats()["locks"]
-            return bool(locks) and not locks[0]["restored"]
-
-        wait_until(reattached, timeout=30.0, what="the lock renewed its grant by token")
+        _wait_reattached(server)
         grant = lock._core.grant  # pyright: ignore[reportPrivateUsage]
         confirmed = grant.confirmed_at
         for _ in range(3):  # past the 1 s a session on it would have lived
