@@ -197,12 +197,11 @@ class HeldGrant:
         self.reattach_failures = 0
 
     def left_session(self, server: ServerInfo | None, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` was answered on a connection in no client session
-        (its server restarted without them): the grant is that connection's, as if granted
-        on it; its old session's end ends nothing of it."""
+        """After `renewed`: that renewal, sent at ``sent_at``, was answered on a connection in
+        no client session (its server restarted without them): the grant is that connection's,
+        as if granted on it; its old session's end ends nothing of it."""
         self.session = None
         self.run = None
-        self.kept_end, self.kept_at = 0.0, -math.inf
         self.session_ttl = None if server is None else server.session_ttl_s
         self.answered(sent_at)
 
