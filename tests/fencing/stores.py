@@ -77,6 +77,24 @@ def async_engine_for(schema: str) -> AsyncEngine:
 
 
 @contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """The name of a PostgreSQL database of the caller's own (empty), dropped after with the
+    connections still open to it."""
+    name = new_schema_name()
+    server = engine_for().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with server.connect() as db:
+            db.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield name
+        finally:
+            with server.connect() as db:
+                db.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        server.dispose()
+
+
+@contextlib.contextmanager
 def mariadb_engine() -> Iterator[sa.Engine]:
     """An engine on a MariaDB database of the caller's own (``account`` in it), dropped after
     (pymysql)."""

@@ -19,10 +19,9 @@ from tests.fencing.stores import (
     MARIADB_ALIAS,
     REPLICA_ALIAS,
     SQLITE_ALIAS,
-    engine_for,
     mariadb_database,
-    new_schema_name,
     point_django_alias_at,
+    postgres_database,
 )
 from tests.support.services import require_mariadb
 
@@ -404,27 +403,18 @@ def test_a_stale_update_after_a_read_in_its_transaction_is_refused(alias: str) -
 def replica(django_schema: str) -> Iterator[str]:
     """A PostgreSQL database of this test's own with the model's table, on Django's alias
     ``REPLICA_ALIAS``, standing for a replica of ``default`` that lags; dropped after."""
-    import sqlalchemy as sa
     from django.db import connections
 
     from tests.fencing.models import Account
 
-    name = new_schema_name()
-    server = engine_for().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        with server.connect() as db:
-            db.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    with postgres_database() as name:
+        point_django_alias_at(REPLICA_ALIAS, name)
         try:
-            point_django_alias_at(REPLICA_ALIAS, name)
             with connections[REPLICA_ALIAS].schema_editor() as editor:
                 editor.create_model(Account)
             yield REPLICA_ALIAS
         finally:
             connections[REPLICA_ALIAS].close()
-            with server.connect() as db:
-                db.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        server.dispose()
 
 
 class _ReadsFromTheReplica:

@@ -21,9 +21,9 @@ from tests.fencing.stores import (
     ACCOUNTS,
     METADATA,
     async_engine_for,
-    engine_for,
     mariadb_engine,
-    new_schema_name,
+    postgres_database,
+    sqlalchemy_url,
 )
 from tests.support.services import require_mariadb
 
@@ -237,21 +237,13 @@ def follower() -> Iterator[sa.Engine]:
     """An engine on a PostgreSQL database of this test's own with the ``account`` table,
     standing for a follower (a read replica) of the ``engine`` fixture's that lags; dropped
     after."""
-    name = new_schema_name()
-    server = engine_for().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        with server.connect() as db:
-            db.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        made = sa.create_engine(server.url.set(database=name))
+    with postgres_database() as name:
+        made = sa.create_engine(sa.make_url(sqlalchemy_url()).set(database=name))
         try:
             METADATA.create_all(made)
             yield made
         finally:
             made.dispose()
-            with server.connect() as db:
-                db.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        server.dispose()
 
 
 def reading_from(follower: sa.Engine, leader: sa.Engine) -> type[Session]:
