@@ -9,7 +9,8 @@ What is the simulator's own is the shell around them, written after
 keeps its session alive; a grant made in a session that ended while it waited is confirmed:
 the connection rejoins the current session and the grant is renewed by token before the
 acquire returns, else abandoned), ``keepalive.py`` (a session's keep-alive), ``connection.py``
-(a connection's ``hello`` and join) and ``pool.py`` (one current session per server; an idle
+(a connection's ``hello`` and join: the session's time as the server cuts it, none where the
+server keeps none a keep-alive can keep) and ``pool.py`` (one current session per server; an idle
 connection whose session is over is not reused); a connection whose request gets no answer in
 its time is closed, as theirs is. Each attempt is recorded as a ``tests.faults.history.Hold``,
 on the run's (global) clock.
@@ -21,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from celery_dflock.client import _replies, _requests
+from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._replies import Reply
@@ -264,7 +265,9 @@ class SimClient:
                 done(None, refused)
                 return
             conn.address = address
-            if self.info is None:
+            if self.info is None or not self.info.keeps_sessions:
+                # As `connect`: a connection that joins no session opts in with ``hello``,
+                # whose answer tells what a restarted server keeps now.
                 self._hello(conn, done)
             else:
                 self._join(conn, done)
@@ -302,17 +305,54 @@ class SimClient:
             if reply is None:
                 done(None, False)
                 return
-            joined = server_info(self.endpoint, reply)
+            try:
+                joined = server_info(self.endpoint, reply)
+            except DflockError:
+                conn.close()
+                done(None, False)
+                return
             if isinstance(reply, _replies.JsonReply):
-                session.durable = joined.supports("durable")
+                self.info = joined  # this run's: a restart may have changed its settings
+                if not joined.keeps_sessions:  # restarted without them: in no session
+                    conn.session = None
+                    self._leave(conn, session, joined, done)
+                    return
+                session.durable = joined.supports(wire.FEATURE_DURABLE)
                 session.run = joined.run
                 session.answered(sent)
+                session.ttl = joined.session_ttl(session.ttl)  # a restart may have cut it
                 conn.session = session
             done(conn, False)
 
         conn.request(
             Command.HELLO, _requests.encode_join_session(session.id, session.ttl), 5.0, answered
         )
+
+    def _leave(
+        self,
+        conn: ClientConn,
+        session: ClientSession,
+        joined: ServerInfo,
+        done: Callable[[ClientConn | None, bool], None],
+    ) -> None:
+        """``AsyncConnection.join`` on a server that keeps no session a keep-alive can keep:
+        one cut below ``MIN_SESSION_TTL_S`` is ended at once; then a plain ``hello`` opts the
+        connection in to the server's connection sessions."""
+        steps: list[bytes] = []
+        if joined.supports(wire.FEATURE_KEEPALIVE):
+            steps.append(_requests.encode_join_session(session.id, 0))
+        if joined.session_ttl_s is not None:
+            steps.append(_requests.HELLO_REQUEST)
+
+        def step(reply: Reply | None) -> None:
+            if reply is None:
+                done(None, False)
+            elif steps:
+                conn.request(Command.HELLO, steps.pop(0), 5.0, step)
+            else:
+                done(conn, False)
+
+        step(_replies.Ok())
 
     # ------------------------------------------------------------------ acquire
     def _begin(self, core: LockCore, lease: int | None) -> None:
@@ -377,10 +417,14 @@ class SimClient:
         if not detached and self.info is not None and self.loop.chance(0.3):
             self._enqueue(conn, core)
             return
-        if detached:
-            command, data, timeout = core.hold_request(self.info, "sim", detached=True)
-        else:
-            command, data, timeout = core.acquire_request(self.info)
+        try:  # a lease above the server's longest is refused before it is sent
+            if detached:
+                command, data, timeout = core.hold_request(self.info, "sim", detached=True)
+            else:
+                command, data, timeout = core.acquire_request(self.info)
+        except DflockError:
+            self._finish("error")
+            return
         sent = self.clock()
         self.loop.note(f"{self.name}: {data!r} on {conn.conn.id if conn.conn else '-'}")
         self._keep_while_waiting(conn, core.routing.acquire_timeout_s > 0)
@@ -407,7 +451,11 @@ class SimClient:
 
     def _enqueue(self, conn: ClientConn, core: LockCore) -> None:
         """Two-phase: ``e`` (join the queue), then ``w`` on the same connection."""
-        command, data, timeout = core.enqueue_request(self.info)
+        try:
+            command, data, timeout = core.enqueue_request(self.info)
+        except DflockError:
+            self._finish("error")
+            return
         sent = self.clock()
         self.loop.note(f"{self.name}: {data!r} on {conn.conn.id if conn.conn else '-'}")
         self._keep_while_waiting(conn, True)

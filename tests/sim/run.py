@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from dflockd_server import constants as c
 from dflockd_server.keys import Holder
 from tests.faults.history import Cut
 from tests.sim.client import ClientConn, SimClient
@@ -250,11 +251,27 @@ class Run:
 
     def _server_back(self) -> None:
         self.server_proc.start()
+        if self.mutation is None and self.loop.chance(0.3):
+            self._reconfigure()
         # A grant restored from the journal counts against no address until it is reattached
         # (server/dflockd_server/shares.py): the cap's invariant counts the new run's grants.
         self.granted_to.clear()
         self.server = self._new_server()
         self.loop.note(f"server restarted (grace {self.server.grace_s:.2f} s)")
+
+    def _reconfigure(self) -> None:
+        """The operator restarts the server with other lease and session flags: a shorter
+        ``--max-lease-ttl`` (one below ``MIN_SESSION_TTL_S``: no session a keep-alive can
+        keep), ``--default-lease-ttl`` or ``--session-ttl`` (0: no sessions), or longer."""
+        rng, config = self.loop.rng, self.config
+        config.max_lease = rng.choice([60, 20, 6, 1])
+        config.default_lease = min(rng.choice([12, 4, 2]), config.max_lease)
+        config.session_ttl = rng.choice([c.DEFAULT_SESSION_TTL_S, 2, 10])
+        self.loop.count("reconfigured")
+        self.loop.note(
+            f"nemesis: restarted with --max-lease-ttl {config.max_lease} --default-lease-ttl "
+            f"{config.default_lease} --session-ttl {config.session_ttl}"
+        )
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Result:

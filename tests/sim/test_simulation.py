@@ -47,7 +47,7 @@ FAULTS = (
     "disk_full", "disk_failing", "dir_fsync_failing", "directory fsync failed", "read timeout",
     "write failed", "fsync failed", "grant undone",
     "journal recovered", "compaction", "compaction failed", "restored", "page cache lost",
-    "torn tail read", "reattached", "grant confirmed", "grant not confirmed",
+    "torn tail read", "reattached", "grant confirmed", "grant not confirmed", "reconfigured",
 )  # fmt: skip
 """What the seeds do (``Result.seen``): each happens within the first 30 seeds."""
 
