@@ -158,7 +158,8 @@ SETTINGS: tuple[Setting, ...] = (
         "session_ttl_s",
         *_COUNT,
         "seconds a session connection's grants outlive its close by the peer (0: no "
-        "sessions: every connection is a plain one)",
+        "sessions: every connection is a plain one, whose reset by the network frees its "
+        "grants before their holder can know)",
     ),
     Setting(
         "max_connections",
