@@ -59,7 +59,9 @@ class ClientSession:
         self.run: str | None = None  # the server run it was joined on: its grants renew
         # A durable server found not running ends nothing: only the leases bound the grants.
         self.server_down = False
-        self.holders: set[Holder] = set()  # told (`Holder.poke`) once it is over
+        self.holders: dict[Holder, None] = {}  # told (`Holder.poke`) once it is over
+        """In the order they came: each step goes as the one before, run for run (the
+        simulator replays a seed exactly; a set of objects iterates in their addresses' order)."""
         self.keeper: object | None = None  # its keep-alive task or thread, while it runs
         self._pruned_at = -math.inf  # when `idle` last looked at every holder
         self._guard = threading.Lock()  # whether a keep-alive runs is agreed under it
@@ -106,7 +108,7 @@ class ClientSession:
         """``holder`` holds or waits for a grant on the session: ``start()`` the keep-alive
         unless one runs."""
         with self._guard:
-            self.holders.add(holder)
+            self.holders[holder] = None
             if self.keeper is None and not self.ended:
                 self.keeper = start()
 
@@ -122,12 +124,14 @@ class ClientSession:
                     gone: list[Holder] = []
                     for holder in holders:
                         if holder.holds():
-                            holders.difference_update(gone)
+                            for done in gone:
+                                del holders[done]
                             return False
                         gone.append(holder)
                     holders.clear()  # none holds
                 self._pruned_at = now
-                holders.difference_update([h for h in holders if not h.holds()])
+                for done in [h for h in holders if not h.holds()]:
+                    del holders[done]
                 if holders:
                     return False
             self.keeper = None
