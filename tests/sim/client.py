@@ -123,26 +123,57 @@ class Attempt:
     outcome: str = ""
     confirming: bool = False
     """Granted, its session over meanwhile: being confirmed (the acquire has not returned)."""
+    granted_lease: float = 0.0
+    """The lease the grant was made with."""
+    cut: tuple[float, float] | None = None
+    """(send time, lease) of the first renewal answered with a lease shorter than the one
+    granted (a server restarted with a shorter ``--default-lease-ttl``), the lease the
+    shortest answered since: from then on the server counts the grant at that lease."""
+    proofs: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
+    """(send time, time proven from it) of every renewal and keep-alive answered while held."""
+
+    def shortened(self, sent: float, lease: float) -> None:
+        """A renewal sent at ``sent`` was answered with ``lease``, shorter than granted."""
+        self.cut = (sent, lease) if self.cut is None else (self.cut[0], min(self.cut[1], lease))
+
+    def proof(self) -> tuple[float, list[float]]:
+        """The lease and the renewals ``Hold.valid_until`` proves the grant held by (each
+        renewal ``r`` proving ``r + lease``)."""
+        if self.cut is not None:
+            # The cutting renewal was accepted at some moment after its send: the grant was
+            # held until then and runs at least the cut lease from it. What came before it
+            # proves nothing past it; what was sent after proves at most the cut lease.
+            sent, cut = self.cut
+            proven = sent + cut
+            for at, span in self.proofs:
+                if at >= sent:
+                    proven = max(proven, at + min(span, cut))
+            return proven - self.requested_t, []
+        if self.session_ttl is None:
+            return self.lease, list(self.renewed_t)
+        # A keep-alive answered while the grant was surely held renewed it (the server renews
+        # what it still holds when the keep-alive comes): from its send time, for the lease or
+        # the session's time, the shorter.
+        ttl = self.session_ttl
+        proven = self.requested_t + self.lease
+        renewed: list[float] = []
+        for sent, answered in self.keepalive_t:
+            if answered < proven and sent + ttl > proven:
+                proven = sent + ttl
+                renewed.append(sent + ttl - self.lease)
+        return self.lease, renewed
+
+    def proven_until(self) -> float:
+        lease, renewed = self.proof()
+        return max([self.requested_t, *renewed]) + lease
 
     def hold(self, client: str, outcome: str, holding_until: float | None = None) -> Hold:
-        renewed = self.renewed_t
-        if self.session_ttl is not None:
-            # A keep-alive answered while the grant was surely held renewed it (the server
-            # renews what it still holds when the keep-alive comes): from its send time, for
-            # the lease or the session's time, the shorter. Expressed as renewals for
-            # ``Hold.valid_until`` (each ``r`` proving ``r + lease``).
-            ttl = self.session_ttl
-            proven = self.requested_t + self.lease
-            renewed = []
-            for sent, answered in self.keepalive_t:
-                if answered < proven and sent + ttl > proven:
-                    proven = sent + ttl
-                    renewed.append(sent + ttl - self.lease)
+        lease, renewed = self.proof()
         return Hold(
             key=self.key,
             client=client,
             requested_t=self.requested_t,
-            lease_s=self.lease,
+            lease_s=lease,
             outcome=outcome,
             fence=self.fence,
             granted_t=self.granted_t,
@@ -186,7 +217,7 @@ class SimClient:
         self.attempt: Attempt | None = None
         self.renew_timer: Timer | None = None
         self.ka_conns: dict[str, ClientConn] = {}
-        """Each session's keep-alive connection, by its server's address."""
+        """Each session's keep-alive connection, by the session's id."""
         self.detached_holds = False
         """Some of its acquires are detached holds (``hl ... d``)."""
         self.aim = ""
@@ -527,7 +558,7 @@ class SimClient:
         """How long the grant is proven held from the attempt's request: its lease, or in a
         client session while the session surely lives (its last join or keep-alive sent
         before the request, plus its time), and from each keep-alive answered."""
-        attempt.lease = core.grant.lease
+        attempt.lease = attempt.granted_lease = core.grant.lease
         session = core.grant.session
         if session is not None:
             requested = attempt.requested_t + self.proc.clock_offset
@@ -652,8 +683,14 @@ class SimClient:
                 return
             outcome = core.on_renew_reply(reply, sent, conn.session)
             if outcome.renewed:
-                if self.attempt is not None and core.grant.session is None:
-                    self.attempt.renewed_t.append(self.global_t(sent))
+                attempt = self.attempt
+                if attempt is not None:
+                    at, lease = self.global_t(sent), core.grant.lease
+                    if core.grant.session is None:
+                        attempt.renewed_t.append(at)
+                    attempt.proofs.append((at, lease))
+                    if lease < attempt.granted_lease:
+                        attempt.shortened(at, lease)
                 self.conn = conn
                 if reattach and self.holding is not None:
                     self.loop.count("reattached")
@@ -767,18 +804,22 @@ class SimClient:
 
     def _keep_tick(self, session: ClientSession, address: str) -> None:
         """One step of ``keepalive.keep_session_alive`` (the session with ``address``)."""
-        if session.idle():
-            return
-        if not session.live():
-            session.stopped()
+        if session.idle() or not session.live():
+            if not session.idle():
+                session.stopped()
+            own = self.ka_conns.pop(session.id, None)
+            if own is not None:
+                own.close()  # its own: closed as it stops
             return
         now = self.clock()
         due = session.answered_at + session.interval()
         if now < due:
             self.proc.later(due - now, lambda: self._keep_tick(session, address))
             return
-        conn = self.ka_conns.get(address)
-        if conn is None or conn.gone or conn.session is not session:
+        conn = self.ka_conns.get(session.id)
+        if conn is None or conn.gone:
+            # A connection of its own, in the current session there (it keeps this one alive
+            # by its id all the same), or in none: a restart without client sessions.
 
             def connected(conn: ClientConn | None, refused: bool) -> None:
                 if conn is None:
@@ -786,7 +827,11 @@ class SimClient:
                         session.refused()
                     self.proc.later(0.25, lambda: self._keep_tick(session, address))
                     return
-                self.ka_conns[address] = conn
+                if conn.session is None:  # its locks renew by themselves
+                    conn.close()
+                    session.stopped()
+                    return
+                self.ka_conns[session.id] = conn
                 self._keep_tick(session, address)
 
             self.dial(address, connected)
@@ -810,6 +855,10 @@ class SimClient:
                     and not attempt.confirming
                 ):
                     attempt.keepalive_t.append((self.global_t(sent), self.loop.now))
+                    if attempt.cut is None or self.loop.now < attempt.proven_until():
+                        # (past a cut, it proves only while the grant was still proven)
+                        ttl = min(core.grant.lease, session.ttl)
+                        attempt.proofs.append((self.global_t(sent), ttl))
             elif reply is not None:
                 session.end("the server refused its keep-alive")
             self._keep_tick(session, address)
