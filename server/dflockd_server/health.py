@@ -15,6 +15,7 @@ from dflockd_server.config import Config
 from dflockd_server.constants import (
     CMD_AUTH,
     CMD_PING,
+    DEFAULT_HOST,
     DEFAULT_PORT,
     MAX_LINE_BYTES,
     PLACEHOLDER,
@@ -23,6 +24,8 @@ from dflockd_server.constants import (
 from dflockd_server.settings import BY_FIELD
 
 CHECK_TIMEOUT_S = 2.0
+_WILDCARD_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+"""Where the check reaches a server bound to all addresses (``::`` is IPv6's alone)."""
 
 
 def _request(sock: socket.socket, command: str, argument: str) -> str:
@@ -64,12 +67,13 @@ def check(host: str, port: int, auth_token: str | None, tls: bool) -> str | None
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Check ``[host] [port]``; by default where the server's environment has it listen
-    (``DFLOCKD_HOST``, 127.0.0.1 for all addresses, and ``DFLOCKD_PORT``)."""
+    (``DFLOCKD_HOST``, the loopback address of its family for all addresses, and
+    ``DFLOCKD_PORT``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
     try:
-        bound = _setting(env, "host")
-        host = args[0] if args else "127.0.0.1" if bound in (None, "0.0.0.0", "::") else bound
+        bound: str = _setting(env, "host") or DEFAULT_HOST
+        host = args[0] if args else _WILDCARD_LOOPBACK.get(bound, bound)
         port = BY_FIELD["port"].take(args[1], "port") if len(args) > 1 else _setting(env, "port")
         given = Config(
             auth_token=_setting(env, "auth_token"), auth_token_file=_setting(env, "auth_token_file")

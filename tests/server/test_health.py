@@ -4,9 +4,13 @@ container runs both."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess, clean_env
@@ -70,3 +74,24 @@ def test_a_port_the_server_would_refuse_is_a_bad_setting_not_another_port(
     ):
         assert said.returncode == 1
         assert f"bad setting: {name}='{wrapped}'" in said.stderr, said.stderr
+
+
+def test_a_server_on_every_ipv6_address_is_checked_where_it_listens(
+    dflockd_process: Any, tmp_path: Path
+) -> None:
+    """``DFLOCKD_HOST=::`` binds IPv6 only (the loop sets ``IPV6_V6ONLY``), and the check
+    pinged 127.0.0.1 there: a healthy server was reported unreachable, so its container was
+    marked unhealthy and its pod never ready."""
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    env = {
+        "DFLOCKD_HOST": "::",
+        "DFLOCKD_PORT": str(free_port()),
+        "DFLOCKD_STATE_DIR": str(tmp_path / "state"),
+    }
+    proc: DflockdProcess = dflockd_process(env=env)
+    proc.wait_listening()
+    healthy = _health(env)
+    assert healthy.returncode == 0, healthy.stderr
