@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dflockd_server.values import (
-    check_auto_non_negative,
+    check_auto,
     check_cluster,
     check_event_loop,
     check_fsync,
@@ -116,7 +116,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "restart_grace_s",
         parse_grace,
-        check_auto_non_negative,
+        check_auto,
         "after a start, grant no key for this long, so leases granted by the previous server "
         "end first (auto: none where the state dir's journal tells what the previous run "
         "granted; else the longest lease it recorded, or max_lease_ttl when none is known; "
@@ -182,7 +182,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_locks_per_ip",
         parse_auto_int,
-        check_auto_non_negative,
+        check_auto,
         "most locks and semaphore slots the connections from one client address hold at once "
         "together, their queued acquires counted as held; past it an acquire gets "
         "`error_max_locks`. It keeps one address from taking every key (auto: 3/4 of "

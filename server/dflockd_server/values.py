@@ -103,9 +103,11 @@ def check_non_negative(value: float) -> str | None:
     return None if value >= 0 else "must be >= 0"
 
 
-def check_auto_non_negative(value: float | None) -> str | None:
-    """``check_non_negative``, ``auto`` (``None``) allowed."""
-    return None if value is None else check_non_negative(value)
+def check_auto(value: float | None) -> str | None:
+    """0 to ``MAX_NUMBER`` (as far as a lease may go), or ``auto`` (``None``)."""
+    if value is None or 0 <= value <= c.MAX_NUMBER:
+        return None
+    return f"must be 0..{c.MAX_NUMBER} or auto"
 
 
 def check_port(value: int) -> str | None:

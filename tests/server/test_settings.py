@@ -557,3 +557,20 @@ def test_a_metrics_host_without_its_port_says_the_endpoint_is_off() -> None:
     said = str(raised.value)
     assert said.startswith("--metrics-host / DFLOCKD_METRICS_HOST is only used with --metrics-port")
     assert "the metrics endpoint is off without it" in said
+
+
+def test_dflockd_refuses_a_restart_grace_it_cannot_count_down() -> None:
+    """A ``--restart-grace`` past what a clock can show (1e17 s and more) was taken: the server
+    started, and every ``stats``, ``celery dflock status`` and status page failed on it (its
+    end is shown as a time of day), for as long as the grace, which the state dir kept for the
+    next start too. It is refused as a lease that long is."""
+    for args, env in (
+        (["--restart-grace", "1e300"], {}),
+        ([], {"DFLOCKD_RESTART_GRACE_S": "1e17"}),
+    ):
+        result = run_dflockd(["--port", "0", "--state-dir", "none", *args], env, timeout=10)
+        assert result.returncode == 2, result.stderr
+        named = "--restart-grace='1e300'" if args else "DFLOCKD_RESTART_GRACE_S='1e17'"
+        assert result.stderr.strip().splitlines() == [
+            f"dflockd: error: {named}: must be 0..9000000000 or auto"
+        ]
