@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from dflockd_server import Config, buildinfo, constants
 from dflockd_server.cli import UsageError, load_config
 from dflockd_server.settings import SETTINGS
-from tests.support.servers import DflockdProcess, run_dflockd
+from tests.support.servers import DflockdProcess, clean_env, dflockd_executable, run_dflockd
 from tests.support.wire import Wire
 
 # PROTOCOL.md's table: flag, environment variable(s), default.
@@ -574,3 +576,37 @@ def test_dflockd_refuses_a_restart_grace_it_cannot_count_down() -> None:
         assert result.stderr.strip().splitlines() == [
             f"dflockd: error: {named}: must be 0..9000000000 or auto"
         ]
+
+
+def test_an_encrypted_tls_key_stops_the_start_saying_so(
+    tmp_path: Path, tls_files: tuple[Path, Path]
+) -> None:
+    """A key encrypted with a passphrase (no setting gives one) made OpenSSL ask for it: at a
+    terminal the start stopped at "Enter PEM pass phrase:" (twice: the check, then the server),
+    and without one (a container, systemd) it failed with "[Errno 22] Invalid argument"."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to encrypt a key")
+    cert, key = tls_files
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(
+        [openssl, "pkey", "-in", str(key), "-aes256", "-passout", "pass:x", "-out", str(encrypted)],
+        check=True,
+        capture_output=True,
+    )
+    result = subprocess.run(
+        [dflockd_executable(), "--port", "0", "--tls-cert", str(cert), "--tls-key", str(encrypted)],
+        env=clean_env({}),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        start_new_session=True,  # no terminal to ask on, as in a container
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "--tls-key" in lines[0]
+    assert "is encrypted" in lines[0]
+    assert "pass phrase" not in result.stderr
