@@ -207,10 +207,25 @@ class Config:
         return read_secret(path, names("cluster_password_file"), lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
-        """The shared secret (read from ``auth_token_file`` if set)."""
+        """The shared secret (read from ``auth_token_file`` if set); ``ConfigError`` when no
+        client can send it (the ``auth`` argument is one line of at most 64 KiB)."""
         if self.auth_token_file is None:
-            return self.auth_token
-        return read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
+            secret, name = self.auth_token, names("auth_token")
+        else:
+            name = f"{names('auth_token_file')} {self.auth_token_file!r}"
+            secret = read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
+        if secret is not None and ("\n" in secret or "\r" in secret):
+            raise ConfigError(
+                f"{name}: the secret holds a line break, which no client can send (a file of "
+                "several lines, as openssl rand -base64 writes one): give it on one line "
+                "(openssl rand -hex 32)"
+            )
+        if secret is not None and len(secret.encode()) > c.MAX_AUTH_LINE_BYTES:
+            raise ConfigError(
+                f"{name}: the secret is longer than the {c.MAX_AUTH_LINE_BYTES} bytes a client "
+                "can send"
+            )
+        return secret
 
     def effective_settings(self) -> dict[str, Any]:
         """All settings, secrets masked, for the start-up log line."""

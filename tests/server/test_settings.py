@@ -610,3 +610,23 @@ def test_an_encrypted_tls_key_stops_the_start_saying_so(
     assert "--tls-key" in lines[0]
     assert "is encrypted" in lines[0]
     assert "pass phrase" not in result.stderr
+
+
+def test_a_secret_no_client_can_send_stops_the_start(tmp_path: Path) -> None:
+    """A secret of two lines (the file ``openssl rand -base64 64`` writes) or past the auth
+    line's 64 KiB was taken, and the server refused every client's ``auth`` (the clients refuse
+    such a secret themselves: the protocol cannot carry it), saying nothing of why."""
+    two_lines = tmp_path / "token"
+    two_lines.write_text("c2VjcmV0LXBhcnQtb25l\nc2VjcmV0LXBhcnQtdHdv\n")
+    long = "x" * (constants.MAX_AUTH_LINE_BYTES + 1)
+    for args, env, named, why in (
+        (["--auth-token-file", str(two_lines)], {}, "--auth-token-file", "line break"),
+        ([], {"DFLOCKD_AUTH_TOKEN": "one\rtwo"}, "--auth-token", "line break"),
+        ([], {"DFLOCKD_AUTH_TOKEN": long}, "--auth-token", "65536 bytes"),
+    ):
+        result = run_dflockd(["--port", "0", *args], env, timeout=10)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert named in lines[0]
+        assert why in lines[0]
