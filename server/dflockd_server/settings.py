@@ -307,7 +307,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cluster_lease_ttl_s",
-        *_POSITIVE_INT,
+        *_LEASE,
         "cluster mode: seconds of the member's etcd lease; a member that cannot renew it grants "
         "and renews nothing (its holders see their locks lost), and a dead member's keys pass "
         "to another after this plus --max-lease-ttl",

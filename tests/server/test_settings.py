@@ -630,3 +630,21 @@ def test_a_secret_no_client_can_send_stops_the_start(tmp_path: Path) -> None:
         assert len(lines) == 1, lines
         assert named in lines[0]
         assert why in lines[0]
+
+
+def test_a_cluster_lease_longer_than_etcd_grants_stops_the_start_naming_it() -> None:
+    """``--cluster-lease-ttl`` had no upper bound: 10,000,000,000 (past etcd's own longest
+    lease, 9,000,000,000 s) ended the start in a traceback (``OverflowError`` from a socket
+    timeout of a fifth of it)."""
+    result = run_dflockd(
+        [
+            "--port", "0", "--state-dir", "none", "--cluster", "etcd://127.0.0.1:1",
+            "--advertise", "127.0.0.1:7000", "--cluster-lease-ttl", "10000000000",
+        ],
+        {},
+        timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "dflockd: error: --cluster-lease-ttl='10000000000': must be 1..9000000000"
+    ]
