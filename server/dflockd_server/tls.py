@@ -81,13 +81,13 @@ def build_ssl_context(cert: str, key: str) -> ssl.SSLContext:
     """A server-side TLS context from PEM files (TLS 1.2 or newer)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key, password=_no_passphrase)
+    ctx.load_cert_chain(cert, key, password=no_passphrase)
     return ctx
 
 
-def _no_passphrase() -> str:
-    """OpenSSL's question for an encrypted key's passphrase, answered (it would ask on the
-    terminal, or fail with ``EINVAL`` without one)."""
+def no_passphrase() -> str:
+    """``load_cert_chain``'s ``password``: OpenSSL's question for an encrypted key's
+    passphrase, answered (it would ask on the terminal, or fail with ``EINVAL`` without one)."""
     raise ValueError(
         "the key is encrypted, and dflockd takes no passphrase: give it the key decrypted "
         "(openssl pkey -in KEY -out PLAIN.key), readable by the server's user alone"

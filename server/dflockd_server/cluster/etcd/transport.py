@@ -41,6 +41,7 @@ from dflockd_server.cluster.etcd.errors import (
     StatusError,
 )
 from dflockd_server.cluster.etcd.messages import as_dict, error_detail
+from dflockd_server.tls import no_passphrase
 
 log = logging.getLogger("dflockd_server")
 
@@ -82,8 +83,8 @@ def tls_context(
         raise ValueError(f"CA file {ca_file!r} cannot be used: {exc}") from exc
     if cert_file is not None:
         try:
-            context.load_cert_chain(cert_file, key_file)
-        except (OSError, ssl.SSLError) as exc:
+            context.load_cert_chain(cert_file, key_file, password=no_passphrase)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise ValueError(
                 f"client certificate {cert_file!r} / key {key_file!r} cannot be used: {exc}"
             ) from exc
