@@ -212,6 +212,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 f"the state directory {state.path} holds no journal (removed, or written by "
                 "a version that kept none); what the previous run granted is unknown"
             )
+        elif state.address is not None:
+            why = _state_of_another_host(state.path)
     if config.restart_grace_s is not None:
         grace = GraceDecision(config.restart_grace_s, "set by restart_grace_s")
     elif why:
@@ -229,6 +231,24 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     grace = _with_grace_left(config, grace, record)
     longest = restore.longest if restore is not None else 0
     return StartPlan(grace, record, fence, journal, leases, read, longest, resume, ended)
+
+
+def _state_of_another_host(path: str) -> str:
+    """Why a first start in an address's default directory ``path`` cannot know what was
+    granted on its port: the default directory of another host of that port (the server run
+    with another ``--host``, whose holders come back to this one) holds state ("" if none)."""
+    parent, name = os.path.split(path)
+    port = name.rpartition("-")[2]
+    with contextlib.suppress(OSError):
+        for other in sorted(os.listdir(parent)):
+            earlier = StateDir(os.path.join(parent, other))
+            if other != name and other.rpartition("-")[2] == port and earlier.has_earlier_state():
+                return (
+                    f"the state directory {earlier.path} holds the state of a server that ran "
+                    f"on port {port} with another --host, whose holders may come back to this "
+                    f"one (start with --state-dir {earlier.path} to restore their leases)"
+                )
+    return ""
 
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:

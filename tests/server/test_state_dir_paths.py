@@ -4,10 +4,12 @@ Kubernetes), and from another working directory."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess
+from tests.support.wire import Wire
 
 
 def test_a_tilde_state_dir_is_the_home_directory(tmp_path: Path) -> None:
@@ -44,3 +46,34 @@ def test_a_relative_state_dir_is_logged_in_full(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert f"state_dir={tmp_path / 'state'} " in line, line
+
+
+def test_a_start_with_another_host_on_the_port_waits_for_the_leases_of_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """The default state dir is by address, so ``dflockd`` stopped and started again with
+    another ``--host`` on the same port (``0.0.0.0``, then ``127.0.0.1``, as the warning about
+    a public bind without auth suggests) found a new, empty directory: a first start, granting
+    at once a key whose lease the previous run had granted to a task still running, which
+    reconnects to the same port. It waits that lease out now, and says where the earlier
+    state is."""
+    port = free_port()
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    first = DflockdProcess(["--host", "0.0.0.0", "--port", str(port)], env)
+    try:
+        first.wait_listening()
+        with Wire(("127.0.0.1", port)) as holder:
+            holder.lock("report", lease=60)
+            first.proc.send_signal(signal.SIGTERM)
+            assert first.wait_exit() == 0
+    finally:
+        first.kill()
+    second = DflockdProcess(["--host", "127.0.0.1", "--port", str(port)], env)
+    try:
+        second.wait_listening()
+        with Wire(("127.0.0.1", port)) as other:
+            assert other.req("l", "report", "0") == "timeout"
+        grace = next(line for line in second.drain() if "restart grace" in line)
+    finally:
+        second.kill()
+    assert str(tmp_path / "dflockd" / f"0.0.0.0-{port}") in grace, grace
