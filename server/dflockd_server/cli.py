@@ -193,6 +193,13 @@ def _check_files(config: Config) -> None:
             read_ceiling(config.fence_state_file)
         except FenceStateError as exc:
             raise UsageError(f"{names('fence_state_file')}: {exc}") from None
+        directory = os.path.dirname(os.path.abspath(config.fence_state_file))
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+            raise UsageError(
+                f"{names('fence_state_file')}={config.fence_state_file!r}: {directory} is no "
+                "directory this user can write, so no fence ceiling could be stored there: "
+                "give a path in one"
+            )
     if config.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise UsageError(
             f"{names('metrics_port')} needs prometheus_client, which is not installed: "

@@ -665,3 +665,20 @@ def test_a_cluster_lease_longer_than_etcd_grants_stops_the_start_naming_it() -> 
     assert result.stderr.strip().splitlines() == [
         "dflockd: error: --cluster-lease-ttl='10000000000': must be 1..9000000000"
     ]
+
+
+def test_a_fence_state_file_in_no_writable_directory_stops_the_start(tmp_path: Path) -> None:
+    """A ``--fence-state-file`` whose directory is missing (``~/fence`` from docker-compose,
+    systemd or Kubernetes, which do not expand ``~``; a typo) was taken: the server started,
+    said the file "is created now", and answered every acquire ``error_read_only`` for as long
+    as it ran, since it could store no fence ceiling there."""
+    for given, env in (
+        (["--fence-state-file", str(tmp_path / "missing" / "fence")], {}),
+        ([], {"DFLOCKD_FENCE_STATE_FILE": "~/fence", "HOME": str(tmp_path)}),
+    ):
+        result = run_dflockd(["--port", "0", "--state-dir", "none", *given], env, timeout=10)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert "--fence-state-file" in lines[0]
+        assert "no directory" in lines[0]
