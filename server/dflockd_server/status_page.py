@@ -98,7 +98,13 @@ def route(metrics: WsgiApp, page: StatusPage) -> WsgiApp:
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == PATH:
             return page.app(environ, start_response)
-        return metrics(environ, start_response)
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return metrics(environ, start_response)
+        # prometheus_client answers HEAD 405: a GET's headers, without its content
+        answer: list[Any] = []
+        body = b"".join(metrics({**environ, "REQUEST_METHOD": "GET"}, lambda *a: answer.extend(a)))
+        start_response(answer[0], [*answer[1], ("Content-Length", str(len(body)))])
+        return [b""]
 
     return app
 

@@ -30,3 +30,27 @@ def test_head_answers_the_headers_without_the_page(
     assert body == b"", body[:200]
     length = re.search(rb"(?i)content-length: (\d+)", head)
     assert length and int(length.group(1)) > 0, head
+
+
+def test_head_of_the_metrics_answers_their_headers(
+    dflockd_process: Callable[..., DflockdProcess],
+) -> None:
+    """``HEAD /metrics`` (an uptime checker's probe: UptimeRobot's HTTP monitor sends HEAD)
+    was answered ``405 Method Not Allowed`` (prometheus_client's own answer), so the endpoint
+    looked down while Prometheus scraped it. It gets a ``GET``'s headers, without the content."""
+    proc = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--state-dir", "none", "--metrics-port", "0",
+    )  # fmt: skip
+    match = re.search(r"http://(\S+):(\d+)/metrics", proc.wait_for("metrics on"))
+    assert match, proc.lines
+    with socket.create_connection((match.group(1), int(match.group(2))), timeout=5) as sock:
+        sock.sendall(b"HEAD /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200"), head
+    assert b"content-type: text/plain" in head.lower(), head
+    assert body == b"", body[:200]
+    length = re.search(rb"(?i)content-length: (\d+)", head)
+    assert length and int(length.group(1)) > 0, head
