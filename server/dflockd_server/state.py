@@ -165,6 +165,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     fence = config.fence_state_file or state.file(FENCE)
     journal = state.file(JOURNAL)
     why = ""
+    recorded = record  # where the longest lease granted is read, if a grace must be guessed
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
     restore: Restore | None = None
@@ -212,12 +213,20 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 f"the state directory {state.path} holds no journal (removed, or written by "
                 "a version that kept none); what the previous run granted is unknown"
             )
-        elif state.address is not None:
-            why = _state_of_another_host(state.path)
+        elif state.address is not None and (earlier := _another_host_of(state.path)):
+            port = state.path.rpartition("-")[2]
+            why = (
+                f"the state directory {earlier.path} holds the state of a server that ran on "
+                f"port {port} with another --host, whose holders may come back to this one "
+                f"(start with --state-dir {earlier.path} to restore their leases)"
+            )
+            recorded = earlier.file(GRACE)
     if config.restart_grace_s is not None:
         grace = GraceDecision(config.restart_grace_s, "set by restart_grace_s")
     elif why:
-        longest = read_longest_lease(record)
+        longest = None
+        with contextlib.suppress(FenceStateError):
+            longest = read_longest_lease(recorded)
         source = "the longest lease it recorded"
         if longest is None:
             longest, source = config.max_lease_ttl_s, "max_lease_ttl_s (no longest lease recorded)"
@@ -233,22 +242,18 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     return StartPlan(grace, record, fence, journal, leases, read, longest, resume, ended)
 
 
-def _state_of_another_host(path: str) -> str:
-    """Why a first start in an address's default directory ``path`` cannot know what was
-    granted on its port: the default directory of another host of that port (the server run
-    with another ``--host``, whose holders come back to this one) holds state ("" if none)."""
+def _another_host_of(path: str) -> StateDir | None:
+    """The default directory of another host on the port of the address's default directory
+    ``path`` that holds state (the server ran with another ``--host``; its holders come back
+    to this one), or None."""
     parent, name = os.path.split(path)
     port = name.rpartition("-")[2]
     with contextlib.suppress(OSError):
         for other in sorted(os.listdir(parent)):
             earlier = StateDir(os.path.join(parent, other))
             if other != name and other.rpartition("-")[2] == port and earlier.has_earlier_state():
-                return (
-                    f"the state directory {earlier.path} holds the state of a server that ran "
-                    f"on port {port} with another --host, whose holders may come back to this "
-                    f"one (start with --state-dir {earlier.path} to restore their leases)"
-                )
-    return ""
+                return earlier
+    return None
 
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:

@@ -55,8 +55,8 @@ def test_a_start_with_another_host_on_the_port_waits_for_the_leases_of_the_one_b
     another ``--host`` on the same port (``0.0.0.0``, then ``127.0.0.1``, as the warning about
     a public bind without auth suggests) found a new, empty directory: a first start, granting
     at once a key whose lease the previous run had granted to a task still running, which
-    reconnects to the same port. It waits that lease out now, and says where the earlier
-    state is."""
+    reconnects to the same port. It waits out the longest lease that run recorded now, and
+    says where the earlier state is."""
     port = free_port()
     env = {"XDG_STATE_HOME": str(tmp_path)}
     first = DflockdProcess(["--host", "0.0.0.0", "--port", str(port)], env)
@@ -77,3 +77,5 @@ def test_a_start_with_another_host_on_the_port_waits_for_the_leases_of_the_one_b
     finally:
         second.kill()
     assert str(tmp_path / "dflockd" / f"0.0.0.0-{port}") in grace, grace
+    # the longest lease that server recorded (60 s), not --max-lease-ttl (300 s)
+    assert "granting no key for 60 s" in grace, grace
