@@ -262,6 +262,7 @@ def _start_up_warnings(
             "the auth token was given with --auth-token, so every local user can read it in "
             "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"
         )
+    warnings.extend(_overridden(argv, environ))
     state = config.fence_state_file
     if state is None and resolve_state_dir(config, environ) is None and config.port != 0:
         warnings.append(
@@ -277,6 +278,24 @@ def _start_up_warnings(
             "ran before with another file (or a lost volume), fences may be smaller than those "
             "it handed out then"
         )
+    return warnings
+
+
+def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """A flag given another value by its environment variable, which wins (the image sets
+    ``DFLOCKD_HOST``, ``DFLOCKD_PORT`` and ``DFLOCKD_STATE_DIR``)."""
+    args = vars(build_parser().parse_args(argv))
+    warnings: list[str] = []
+    for setting in SETTINGS:
+        given, raw_env = args.get(setting.field), setting.in_environment(environ)
+        if not isinstance(given, str) or raw_env is None:
+            continue
+        name, text = raw_env
+        if setting.take(given, setting.flag) != setting.take(text, name):
+            warnings.append(
+                f"{setting.flag} {given!r} is not used: the environment variable "
+                f"{name}={text!r} wins over the flag; unset it, or give the value there"
+            )
     return warnings
 
 

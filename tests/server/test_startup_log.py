@@ -134,3 +134,25 @@ def test_the_open_file_limit_is_raised_to_what_max_connections_needs() -> None:
     assert "--max-connections / DFLOCKD_MAX_CONNECTIONS=4096" in warning
     assert "open-file limit (1024)" in warning
     assert _room_in_a_child(256, 1024, 0) == ("", 256)  # no cap: nothing to make room for
+
+
+def test_a_flag_an_environment_variable_overrides_is_warned_about(
+    dflockd_process: Any, tmp_path: Path
+) -> None:
+    """The environment variable wins over the flag (as the seed documents), and the image sets
+    ``DFLOCKD_HOST``, ``DFLOCKD_PORT`` and ``DFLOCKD_STATE_DIR``: ``docker run IMAGE
+    --state-dir /data`` kept the journal in the image's volume without a word. The start now
+    names the flag that is not used and the variable that is."""
+    used, ignored = tmp_path / "used", tmp_path / "ignored"
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--state-dir", str(ignored),
+        env={"DFLOCKD_STATE_DIR": str(used), "DFLOCKD_HOST": "127.0.0.1"},
+    )  # fmt: skip
+    proc.wait_listening()
+    warning = proc.wait_for("is not used")
+    assert "WARNING" in warning, warning
+    assert f"--state-dir {str(ignored)!r}" in warning, warning
+    assert f"DFLOCKD_STATE_DIR={str(used)!r}" in warning, warning
+    proc.kill()
+    # the same value both ways (the host) is no conflict: one warning only
+    assert sum("is not used" in line for line in proc.lines) == 1, proc.lines
