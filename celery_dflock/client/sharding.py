@@ -23,6 +23,7 @@ where each key lives (`ClusterMap`); the client caches that map and follows its 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Final, Literal, Protocol, TypeGuard, cast, runtime_checkable
@@ -140,12 +141,26 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
                 "the bare host, no scheme, path or spaces (e.g. ('127.0.0.1', 6388), in "
                 "Celery '127.0.0.1:6388')"
             )
+        if (":" in host or "[" in host) and not _is_ipv6(host):  # "host:port" as the host
+            raise InvalidValueError(
+                f"server host {host!r} is not a host name or address (in {entry!r}): give the "
+                "port apart and an IPv6 address without brackets (e.g. ('127.0.0.1', 6388), "
+                "('::1', 6388))"
+            )
         if not isinstance(port, int) or not _is_int(port) or not 0 < port <= 65535:
             raise InvalidValueError(
                 f"server port must be an int in 1..65535, got {port!r} in {entry!r}"
             )
         result.append((host, port))
     return tuple(result)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _routes_by_identity(strategy: object) -> TypeGuard[IdentityShardingStrategy]:

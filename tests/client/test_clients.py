@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import subprocess
 import sys
 import threading
@@ -247,6 +248,21 @@ def test_config_errors_are_also_improperly_configured_and_value_errors() -> None
 def test_a_server_listed_twice_is_refused() -> None:
     with pytest.raises(InvalidValueError, match=r"^servers: server h:1 is listed twice"):
         Client([("h", 1), ("h", 2), ("h", 1)])
+
+
+def test_a_host_written_with_its_port_or_brackets_is_refused_naming_it(
+    dflock_server: ServerThread,
+) -> None:
+    """``("127.0.0.1:6388", 6388)`` or ``("[::1]", 6388)`` is refused where it is given, not
+    taken as a host name that no lookup finds at the first acquire; an IPv6 address is a host."""
+    host, port = dflock_server.address
+    for written in (f"{host}:{port}", f"[{host}]", "[::1]", "h:x"):
+        with pytest.raises(InvalidValueError, match=rf"server host '{re.escape(written)}'"):
+            Client([(written, port)])
+    for address in ("::1", "fe80::1%eth0", "2001:db8::1"):
+        assert Client([(address, port)]).servers == ((address, port),)
+    with Client([(host, port)], acquire_timeout_s=0) as client, client.lock("k") as lock:
+        assert lock.fence is not None
 
 
 def test_the_cores_value_errors_are_dflock_errors() -> None:
