@@ -91,7 +91,7 @@ def whole_seconds(
     if not _is_real(value) or not math.isfinite(value):
         raise error(f"{name} must be a number of seconds, got {value!r}")
     seconds = math.ceil(value)
-    if seconds < minimum or seconds > wire.MAX_NUMBER:
+    if value < 0 or seconds < minimum or seconds > wire.MAX_NUMBER:  # (-0.5 rounds up to 0)
         raise error(
             f"{name} must be between {minimum} and {wire.MAX_NUMBER} seconds, got {value!r}"
         )
