@@ -22,6 +22,7 @@ from celery_dflock.client._core import LockCore
 from celery_dflock.client._sync.held import Holding
 from dflockd_server.testing import ServerThread
 from tests.client.faces import ASYNCIO, BLOCKING, Face, Maker, until
+from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
@@ -79,6 +80,36 @@ async def test_a_wait_cancelled_after_its_grant_leaves_no_held_key(
             await task
         rival = make("k", acquire_timeout_s=FREED_WITHIN_S)
         assert await rival.acquire(), "the interrupted acquire's grant is held by nobody"
+        assert await rival.release()
+        assert await other.release()
+
+
+async def test_an_enqueue_cancelled_before_its_reply_leaves_no_held_key(
+    make: Maker, dflock_server: ServerThread, apool: AsyncConnectionPool
+) -> None:
+    """An enqueue cancelled with its reply (``queued``) unread, its place in the queue granted
+    before the connection's close reached the server: the grant is the client session's. The
+    reaper read ``queued`` and closed, leaving it there, kept by the keep-alives of the
+    client's other lock with nobody knowing its token; it asks ``w 0`` for it now, and
+    releases it. (The proxy holds the reply back, so the cancel comes before it is read.)"""
+    with Wire(dflock_server.address) as holder, FaultProxy(dflock_server.address) as proxy:
+        token = _hold(make, holder)
+        servers = [proxy.address]
+        other = make("other", pool=apool, servers=servers)
+        assert await other.acquire()  # keeps the client's session alive
+        waiter = make("k", pool=apool, servers=servers)
+        sent = proxy.hold_reply_after(b"e\nk\n")
+        task = asyncio.create_task(waiter.enqueue())
+        await until(sent.is_set, what="the enqueue sent")
+        await until(lambda: make.holders("k") == (1, 1), what="the waiter queued")
+        _release(make, holder, token)
+        await until(lambda: make.holders("k") == (1, 0), what="the waiter granted")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proxy.release_replies()
+        rival = make("k", acquire_timeout_s=FREED_WITHIN_S)
+        assert await rival.acquire(), "the cancelled enqueue's grant is held by nobody"
         assert await rival.release()
         assert await other.release()
 

@@ -17,7 +17,7 @@ from typing import Final, Self
 from celery_dflock.client import _by_token, _replies, _requests, wire
 from celery_dflock.client._background import background_thread
 from celery_dflock.client._connection import SocketTransport
-from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply
+from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Queued, Reply
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import CLOSING_ERRORS, ServerInfo, auth_reply_error, server_info
 from celery_dflock.client._session import ClientSession, Sessions
@@ -27,6 +27,8 @@ from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavai
 __all__ = ["Connection"]
 
 SEMAPHORE_GRANTING: Final = frozenset({Command.SEM_LOCK, Command.SEM_ENQUEUE, Command.SEM_WAIT})
+ENQUEUING: Final = {Command.ENQUEUE: Command.WAIT, Command.SEM_ENQUEUE: Command.SEM_WAIT}
+"""An enqueue, and the wait that collects its grant."""
 
 
 def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -98,12 +100,13 @@ class Connection:
                         " byte(s) nobody asked for after a reply; the connection was closed"
                     )
             except BaseException as exc:
-                reap = isinstance(exc, TimeoutError) or not isinstance(exc, OSError | DflockError)
-                if not (reap and self._reap(command, data, timeout)):
-                    self.close(abort=True)
                 # A failure, or a signal's exception (which, unlike a cancellation, may come
                 # between a reply's read and its parse): a grant may be lost to its session.
                 lost = isinstance(exc, Exception | KeyboardInterrupt | SystemExit)
+                reap = isinstance(exc, TimeoutError) or not isinstance(exc, OSError | DflockError)
+                unread = not lost or isinstance(exc, TimeoutError)  # its reply, for sure
+                if not (reap and self._reap(command, data, timeout, unread=unread)):
+                    self.close(abort=True)
                 if lost and command in MAY_GRANT and self.session is not None:
                     self.session.retire()
                 if isinstance(exc, OSError):  # TimeoutError included
@@ -116,7 +119,7 @@ class Connection:
             self.last_used = time.monotonic()
             return reply
 
-    def _reap(self, command: Command, data: bytes, timeout: float) -> bool:
+    def _reap(self, command: Command, data: bytes, timeout: float, *, unread: bool) -> bool:
         """An acquire interrupted (cancelled, a signal's exception) or unanswered in time on a
         session connection: a grant the server sent, or sends when it goes on, belongs to the
         session, which its keep-alives would keep for good with nobody knowing its token.
@@ -128,24 +131,34 @@ class Connection:
         session = self.session
         if command not in MAY_GRANT or session is None:
             return False
-        wait_s = max(session.ttl, REPLY_GRACE_S if self.transport.half_close() else timeout)
+        # An enqueue is answered at once, but its place may be granted after its `queued`:
+        # with that reply still to come, it is not half-closed, so that `_release_leftover`
+        # can ask for that grant (`w 0`).
+        ask = unread and command in ENQUEUING
+        half = not ask and self.transport.half_close()
+        wait_s = max(session.ttl, REPLY_GRACE_S if half else timeout)
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
             self._reaper = background_thread(
-                lambda: self._release_leftover(command, key, wait_s), f"dflock-reap:{key}"
+                lambda: self._release_leftover(command, key, wait_s, ask=ask),
+                f"dflock-reap:{key}",
             )
         except RuntimeError:  # no thread (a process at its pid limit)
             return False
         self._closed = True
         return True
 
-    def _release_leftover(self, command: Command, key: str, wait_s: float) -> None:
+    def _release_leftover(self, command: Command, key: str, wait_s: float, *, ask: bool) -> None:
         """`_reap`'s background part: a grant in the reply still to come (within ``wait_s``)
         is released over a connection of its own, then this one is closed."""
         reply = None
         try:
             with contextlib.suppress(OSError, DflockError):  # EOF or no reply in time: none
                 reply = self.transport.exchange(command, b"", wait_s)
+                if ask and isinstance(reply, Queued):  # granted since? `w 0` collects it
+                    wait = ENQUEUING[command]
+                    data = _requests.checked_wait(wait, key, 0)
+                    reply = self.transport.exchange(wait, data, REPLY_GRACE_S)
         finally:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):
