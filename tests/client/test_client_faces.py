@@ -29,7 +29,13 @@ from celery_dflock import (
 from dflockd_server.constants import DEFAULT_MAX_LEASE_TTL_S
 from dflockd_server.testing import ServerThread
 from tests.client.faces import Face, Lock, Maker, assert_lost_reported, until
-from tests.support.wire import connection_count, holders_and_waiters, release_behind_its_back
+from tests.support.proxy import FaultProxy
+from tests.support.wire import (
+    Wire,
+    connection_count,
+    holders_and_waiters,
+    release_behind_its_back,
+)
 
 
 async def assert_free(make: Maker, key: str) -> None:
@@ -590,6 +596,37 @@ async def test_server_restart_marks_the_lock_lost(
     await assert_lost_reported(face, lock, calls, caplog, token)
     async with face.held(face.lock_class("restarted", 0, servers=[replacement.address])) as again:
         assert again.locked()
+
+
+@pytest.mark.parametrize("auth_token", [None, "s3cret"], ids=["plain", "auth"])
+async def test_a_stall_as_the_first_keep_alive_connects_is_reported_before_the_key_is_free(
+    face: Face, dflock_server_factory: Callable[..., ServerThread], auth_token: str | None
+) -> None:
+    """The first keep-alive of a client session opens a connection of its own a third of the
+    session's time after the acquire. A stall of the server (or the network) then held that
+    connect (its ``auth``, its ``hello``) for up to ``connect_timeout_s`` (5 s; ``auth`` 10 s),
+    and nothing told the lock its session was over: the loss came as the stall ended, after
+    the server had ended the session and a rival had taken the key. That connect now waits no
+    longer than the session has left."""
+    server = dflock_server_factory(auth_token=auth_token)
+    calls: list[Lock] = []
+    with FaultProxy(server.address) as proxy, Wire(server.address) as rival:
+        if auth_token is not None:
+            assert rival.req("auth", "_", auth_token) == "ok"
+        lock = face.lock_class(
+            "k",
+            servers=[proxy.address],
+            auth_token=auth_token,
+            session_ttl_s=3,
+            on_lost=calls.append,
+        )
+        assert await face.run(lock.acquire())
+        proxy.stall(30.0)  # from before the first keep-alive, 1 s after the acquire
+        await until(lambda: rival.req("l", "k", "0").startswith("ok "), what="the key free")
+        assert lock.lost, "the loss was reported before the server let a rival take the key"
+        assert calls == [lock]
+        proxy.resume()
+        assert await face.run(lock.release()) is False
 
 
 async def test_a_failing_on_lost_callback_is_logged_not_raised(

@@ -71,7 +71,8 @@ class Connection:
         token = endpoint.auth_token
         if token is not None:
             try:
-                reply = conn.request(Command.AUTH, _requests.checked_auth(token))
+                timeout = min(REPLY_GRACE_S, endpoint.connect_timeout_s)  # as `hello`'s
+                reply = conn.request(Command.AUTH, _requests.checked_auth(token), timeout)
                 error = auth_reply_error(endpoint, reply)
                 if error is not None:
                     raise error

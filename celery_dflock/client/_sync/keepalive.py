@@ -14,6 +14,7 @@ none: the keep-alive stops, and each lock renews its grant by token on a connect
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Final
 
 from celery_dflock.client._session import ClientSession
@@ -48,8 +49,12 @@ def keep_session_alive(session: ClientSession, endpoint: Endpoint, checkout: Che
                 pause(due - now)
                 continue
             if conn is None or conn.closed:
+                # A connect may take no longer than the session has left: a stall outlasting
+                # it ends the session here, and its locks are told, before the server's end.
+                left = max(MIN_RENEW_INTERVAL_S, session.deadline() - now)
+                within = replace(endpoint, connect_timeout_s=min(endpoint.connect_timeout_s, left))
                 try:
-                    conn = checkout(endpoint)
+                    conn = checkout(within)
                 except DflockError as exc:
                     if isinstance(exc.__cause__, ConnectionRefusedError):
                         session.refused()
