@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from celery_dflock import (
+    AsyncClient,
     AuthError,
     DflockError,
     InvalidValueError,
@@ -627,6 +628,29 @@ async def test_a_stall_as_the_first_keep_alive_connects_is_reported_before_the_k
         assert calls == [lock]
         proxy.resume()
         assert await face.run(lock.release()) is False
+
+
+async def test_a_stall_as_the_keep_alive_checks_a_pooled_connection_is_reported_in_time(
+    dflock_server: ServerThread,
+) -> None:
+    """The same when the keep-alive takes an idle connection of the pool: its liveness check
+    (a ``ping``; the asyncio face's on every connection, the blocking face's over TLS) waited
+    10 s in a stall, the loss reported long after a rival had the key. It waits no longer
+    than the session has left (nor than ``connect_timeout_s``)."""
+    calls: list[Lock] = []
+    with FaultProxy(dflock_server.address) as proxy, Wire(dflock_server.address) as rival:
+        async with AsyncClient([proxy.address], session_ttl_s=3) as client:
+            first, second = client.lock("first"), client.lock("second")
+            assert await first.acquire() and await second.acquire()  # two connections
+            assert await first.release() and await second.release()  # both idle
+            lock = client.lock("k", on_lost=calls.append)
+            assert await lock.acquire()  # on one; the keep-alive takes the other in 1 s
+            proxy.stall(30.0)
+            await until(lambda: rival.req("l", "k", "0").startswith("ok "), what="the key free")
+            assert lock.lost, "the loss was reported before the server let a rival take the key"
+            assert calls == [lock]
+            proxy.resume()
+            assert await lock.release() is False
 
 
 async def test_a_failing_on_lost_callback_is_logged_not_raised(

@@ -89,7 +89,7 @@ class AsyncConnectionPool:
             if (
                 time.monotonic() - conn.last_used <= self._max_idle_time_s
                 and (session is None or session.joinable())
-                and await conn.is_reusable()
+                and await conn.is_reusable(endpoint.connect_timeout_s)  # as a new one's
             ):
                 with self._mutex:
                     self.reused += 1

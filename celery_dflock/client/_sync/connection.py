@@ -180,14 +180,15 @@ class Connection:
         self._closed = True
         self.transport.close(abort=abort)
 
-    def is_reusable(self) -> bool:
-        """Liveness check before reuse: a ``ping`` where the server knows it and the transport
-        needs one, else nothing waiting to be read."""
+    def is_reusable(self, timeout: float = REPLY_GRACE_S) -> bool:
+        """Liveness check before reuse: a ``ping`` (answered within ``timeout``) where the
+        server knows it and the transport needs one, else nothing waiting to be read."""
         if self._closed or self.pid != os.getpid() or self._parser.buffered:
             return False
         transport, server = self.transport, self.server
         if transport.pings and server is not None and server.supports(wire.FEATURE_PING):
-            return not transport.at_eof() and bool(self.ping())
+            timeout = min(REPLY_GRACE_S, timeout)
+            return not transport.at_eof() and bool(self.ping(timeout=timeout))
         return transport.quiet()
 
     def broken_while_idle(self) -> bool:
