@@ -120,6 +120,11 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options.on_locked == "retry" and request.is_eager and not eager_once:
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(message.retries, options))
+    in_worker = not (request.is_eager or request.called_directly)
+    if wait_s and in_worker and (limit_s := _time_limit(task, request)) is not None:
+        # The wait counts against the run's time limit: it ends in time for on_locked to
+        # apply, leaving the body half the limit (else a busy key fails the run).
+        wait_s = min(wait_s, limit_s / 2)
     client = runtime.client(config)
     host = getattr(request, "hostname", None)  # the owner note: id, worker, pid, task name
     host = host if isinstance(host, str) and host else socket.gethostname()
@@ -199,6 +204,18 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             f"(on_lock_lost={options.on_lock_lost!r})"
         )
     return result
+
+
+def _time_limit(task: Any, request: Any) -> float | None:
+    """The run's shortest time limit, soft or hard, as the worker works it out (the message's,
+    else the task's, else the app's); None: none."""
+    hard, soft = getattr(request, "timelimit", None) or (None, None)
+    conf: Any = task._get_app().conf
+    limits = (
+        hard or task.time_limit or conf.task_time_limit,
+        soft or task.soft_time_limit or conf.task_soft_time_limit,
+    )
+    return min((float(limit) for limit in limits if limit), default=None)
 
 
 def _held_above(key: str) -> bool:

@@ -338,3 +338,18 @@ def test_warm_shutdown_lets_the_run_finish_and_release(
         lock.release()
     finally:
         factory.close()
+
+
+def test_a_busy_key_outlasting_the_soft_time_limit_is_retried_not_failed(rig: Rig) -> None:
+    """The key's FIFO wait (30 s by default) ran into the run's soft time limit, which failed
+    the run with SoftTimeLimitExceeded: a busy key dropped it instead of retrying it."""
+    name = unique("soft-wait")
+    other = rig.holder(f"end:{name}")
+    try:
+        result = rig.send("end_soft_limited_waiter", name)
+        time.sleep(2.5)  # more than the run's soft time limit (1 s)
+    finally:
+        other.release()
+    assert result.get(timeout=EVENT_TIMEOUT_S) == name
+    [body] = rig.log.entries("body", name=name)
+    assert body["lock_retries"] >= 1

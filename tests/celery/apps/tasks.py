@@ -347,3 +347,20 @@ def busy_patient(self: LockedTask, n: int, group: int, hold: float = 0.0) -> int
 def collect(results: list[Any]) -> list[Any]:
     record("collected", results=results)
     return results
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_key="end:{name}",
+    lock_ttl=ENDING_TTL,
+    soft_time_limit=1,
+    lock_retry_countdown=0.1,
+    lock_retry_backoff_max=0.2,
+)
+def end_soft_limited_waiter(self: LockedTask, name: str) -> str:
+    """A run with a 1 s soft time limit whose key may be busy for longer (its FIFO wait,
+    30 s by default, must not use its time limit up)."""
+    lock_retries = getattr(self.request, "dflock_lock_retries", None) or 0
+    record("body", name=name, fence=_fence(self), lock_retries=lock_retries)
+    return name
