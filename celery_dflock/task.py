@@ -263,6 +263,15 @@ class LockedTask(Task):
                     app_client(self._celery._get_app()).release(kept.key, kept.token)
             raise
 
+    def on_replace(self, sig: Any) -> Any:
+        """As :meth:`celery.Task.on_replace`, but the lock is released before the replacement
+        is sent (or run, eagerly), as `retry` does: a replacement of the same key is no
+        duplicate of this run, nor waits for it."""
+        lock = held_lock(self._celery.request)
+        if lock is not None:
+            lock.release()
+        return BaseTask.on_replace(self, sig)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         task = self._celery
         stack = task.request_stack

@@ -353,3 +353,16 @@ def test_a_busy_key_outlasting_the_soft_time_limit_is_retried_not_failed(rig: Ri
     assert result.get(timeout=EVENT_TIMEOUT_S) == name
     [body] = rig.log.entries("body", name=name)
     assert body["lock_retries"] >= 1
+
+
+def test_a_run_replaced_by_a_run_of_its_key_releases_before_the_replacement_is_sent(
+    rig: Rig,
+) -> None:
+    """``self.replace(...)`` sent the replacement while the run still held its key: under
+    ``lock_from="publish"`` the replacement was taken for a duplicate of the running task and
+    never sent, so the task's result never came."""
+    name = unique("replace")
+    assert rig.send("end_replaced", name).get(timeout=EVENT_TIMEOUT_S) == 1
+    first, second = rig.log.entries("body", name=name)
+    assert second["fence"] > first["fence"]
+    assert next_acquire_succeeds(rig, name)

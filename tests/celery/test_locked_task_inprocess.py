@@ -723,3 +723,20 @@ def test_without_autoretry_for_an_outage_fails_an_eager_run_after_its_wait() -> 
     assert f"the lock server at 127.0.0.1:{port}" in message
     assert "no message to send again" in message
     assert "Start the lock server" in message
+
+
+def test_an_eager_run_replaced_by_a_run_of_its_key_runs_the_replacement(
+    server: ServerThread,
+) -> None:
+    """Celery runs an eager run's replacement (``self.replace``) inside it: the replacement
+    met the key its predecessor still held and failed with `LockNotAcquired`."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="page:{cid}")
+    def fetch(self: LockedTask, cid: int, page: int = 0) -> int:
+        if page == 0:
+            return self.replace(fetch.si(cid, 1))
+        return page
+
+    assert fetch.apply((7,)).get() == 1
+    assert free_now(server, "page:7")

@@ -364,3 +364,14 @@ def end_soft_limited_waiter(self: LockedTask, name: str) -> str:
     lock_retries = getattr(self.request, "dflock_lock_retries", None) or 0
     record("body", name=name, fence=_fence(self), lock_retries=lock_retries)
     return name
+
+
+@app.task(
+    bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL, lock_from="publish"
+)
+def end_replaced(self: LockedTask, name: str, step: int = 0) -> int:
+    """Replaces itself once (``Task.replace``) by a run of the same key."""
+    record("body", name=name, step=step, fence=_fence(self))
+    if step == 0:
+        raise self.replace(end_replaced.si(name, 1))
+    return step
