@@ -198,11 +198,13 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     # The body may return before the loss reaches it (the release may be what finds it):
     # only "flag" lets such a run succeed.
     if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
-        raise LockLost(
+        lost = LockLost(
             f"{guard.label} lost its lock {key!r} (fence {fence}) while it ran; its body "
             f"returned before the loss could interrupt it, so the run fails "
             f"(on_lock_lost={options.on_lock_lost!r})"
         )
+        _autoretry(message, lost)  # as an interrupt in the body is, by Celery's wrapper
+        raise lost
     return result
 
 

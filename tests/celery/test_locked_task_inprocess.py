@@ -740,3 +740,25 @@ def test_an_eager_run_replaced_by_a_run_of_its_key_runs_the_replacement(
 
     assert fetch.apply((7,)).get() == 1
     assert free_now(server, "page:7")
+
+
+def test_autoretry_for_lock_lost_retries_a_run_whose_loss_the_release_finds(
+    server: ServerThread,
+) -> None:
+    """A task naming `LockLost` in ``autoretry_for`` is retried when the loss interrupts its
+    body (Celery's wrapper of the body catches it); a loss found only by the release, after
+    the body returned, failed the run without the retry."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="freed", autoretry_for=(LockLost,))
+    def job(self: LockedTask) -> int:
+        if self.request.retries == 0:
+            client = Client(servers=[server.address])
+            try:
+                assert client.force_release("freed", note="test") == 1
+            finally:
+                client.close()
+        return self.request.retries
+
+    assert job.apply().get() == 1
+    assert free_now(server, "freed")
