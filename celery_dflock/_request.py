@@ -186,12 +186,25 @@ def resend(
         request, *message.call, countdown=countdown, headers=headers
     )
     if request.is_eager:
-        return Retry(exc=busy, when=countdown, is_eager=True, sig=signature)
+        again = _EagerLockRetry(signature, int(request.retries or 0))
+        return Retry(exc=busy, when=countdown, is_eager=True, sig=again)
     try:
         signature.apply_async()
     except Exception as exc:
         return Reject(exc, requeue=False)
     return Retry(exc=busy, when=countdown, sig=signature)
+
+
+class _EagerLockRetry:
+    """An eager lock retry's signature, as Celery's ``apply`` runs it again: with the run's
+    own ``retries``, not one more (a lock retry is no retry of Celery's, as in a worker)."""
+
+    def __init__(self, signature: Any, retries: int) -> None:
+        self._signature = signature
+        self._retries = retries
+
+    def apply(self, **options: Any) -> Any:
+        return self._signature.apply(**{**options, "retries": self._retries})
 
 
 # ---------------------------------------------------------- queue-once's headers and the owner note

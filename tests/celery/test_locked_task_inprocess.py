@@ -762,3 +762,26 @@ def test_autoretry_for_lock_lost_retries_a_run_whose_loss_the_release_finds(
 
     assert job.apply().get() == 1
     assert free_now(server, "freed")
+
+
+def test_an_eager_lock_retry_leaves_celerys_retries_alone(server: ServerThread) -> None:
+    """As in a worker, a lock retry is no retry of Celery's: Celery re-applied an eager lock
+    retry with its ``retries`` + 1, so the body saw ``request.retries == 1`` and a task with
+    ``max_retries=1`` could not ``self.retry()`` once."""
+    app = inproc_app(server)
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=LockedTask,
+        lock_key="eager-lock-retry",
+        lock_timeout=0,  # eagerly, each run waits its retry's countdown in the key's queue
+        lock_retry_countdown=1,
+        lock_retry_jitter=False,
+    )
+    def job(self: LockedTask) -> int:
+        return self.request.retries
+
+    other = holder(server, "eager-lock-retry")
+    threading.Timer(1.5, other.release).start()  # within the second run's wait (2 s)
+    assert job.apply().get() == 0
