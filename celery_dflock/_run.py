@@ -82,10 +82,16 @@ logger: Any = get_task_logger("celery_dflock.task")
 """For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
 
 
-def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``task``'s body for ``request`` under its lock (or straight, when not locked).
-    A request sent under a publish-time hold (`HOLD_HEADER`) takes the hold's grant over;
-    when the hold is gone, the run takes the key as a run-time lock."""
+def locked_run(
+    task: Any,
+    request: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    body: Callable[..., Any] | None = None,
+) -> Any:
+    """Run ``task``'s body (``body``, or its ``run``) for ``request`` under its lock (or
+    straight, when not locked). A request sent under a publish-time hold (`HOLD_HEADER`) takes
+    the hold's grant over; when the hold is gone, the run takes the key as a run-time lock."""
     message = Message.read(task, request, (args, kwargs))
     follow = follow_of(header(request, FOLLOW_HEADER))
     if follow is not None:
@@ -96,7 +102,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     runs = runtime.task_runs(str(task.name))
     options = options_for(task, config, runs, message.options)
     if options is None:
-        return run(*args, **kwargs)
+        return (body or run)(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
     # Called directly, or applied inside another run (a worker's run is neither): a Celery
     # whose apply names the root names the parent too; an older one (no root), the stack.
@@ -181,7 +187,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             guard.unrecord = writer.add(message.task_id, lock, options.limit)
     fence = lock.fence
     try:
-        result = guard.run_body(run, message.call, lock)
+        result = guard.run_body(body or run, message.call, lock)
     except Reject as exc:
         # acks_late, so the message is not acknowledged yet: a requeued one keeps its hold (a
         # hold taken over is a lock's), and the release below does nothing.

@@ -276,23 +276,37 @@ class LockedTask(Task):
         task = self._celery
         stack = task.request_stack
         request = stack.top
+        body = self._own_call()
         if (
             request is not None
             and not request._protected
             and len(stack) == 1
             and not request.called_directly
         ):
-            # Called by the worker's (or apply()'s) tracer, which pushed the request.
-            request._protected = 1
-            return locked_run(self, request, args, kwargs)
+            # Called by the worker's (or apply()'s) tracer, which pushed the request. (A
+            # class's own __call__ may call Celery's, which protects it then.)
+            if body is None:
+                request._protected = 1
+            return locked_run(self, request, args, kwargs, body)
         # A direct call, task(...): push a request the way Task.__call__ does.
         task_stack.push(self)
         task.push_request(args=args, kwargs=kwargs)
         try:
-            return locked_run(self, task.request, args, kwargs)
+            return locked_run(self, task.request, args, kwargs, body)
         finally:
             task.pop_request()
             task_stack.pop()
+
+    def _own_call(self) -> Callable[..., Any] | None:
+        """The ``__call__`` of a task class after `LockedTask` in this task's (the app's
+        ``task_cls``; the task's own class, which ``dflock_task_locks`` puts after it), bound:
+        it runs the body, under the lock. None: Celery's, which runs ``run``."""
+        mro = type(self).__mro__
+        for klass in mro[mro.index(LockedTask) + 1 :]:
+            call = vars(klass).get("__call__")
+            if call is not None:
+                return None if klass is BaseTask else functools.partial(call, self)
+        return None
 
     @property
     def _celery(self) -> Any:

@@ -234,3 +234,25 @@ def test_config_only_locking_of_a_plain_task(
         second.get(timeout=10)
     third = app.send_task("apps.plain.third_party_report", (7,), {"hold": 0})
     assert third.get(timeout=30) == 7
+
+
+@pytest.mark.parametrize("task", ["in_context", "in_context_super"])
+def test_config_only_locking_runs_the_tasks_own_call_under_the_lock(
+    fs_settings: dict[str, Any],
+    lock_server: ServerThread,
+    make_workers: Callable[[dict[str, Any]], WorkerFactory],
+    event_log: EventLog,
+    client_app: Callable[[dict[str, Any]], Celery],
+    task: str,
+) -> None:
+    """A task locked by ``dflock_task_locks`` alone whose class has a ``__call__`` of its own
+    (the app's ``task_cls``: Flask's runs the body in the app context) ran without it:
+    `LockedTask`'s ``__call__`` took its place."""
+    name = f"apps.tasks.{task}"
+    settings = with_server(fs_settings, lock_server, dflock_task_locks={name: {}})
+    make_workers(settings).start(app="apps.tasks", pool="prefork", concurrency=1)
+    result = client_app(settings).send_task(name, ("a",))
+    assert result.get(timeout=30) == "app context"
+    ran = event_log.wait_event("in_context", 30, name="a")
+    assert ran["task_id"] == result.id
+    assert ran["fence"] is not None  # under its lock

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 import time
@@ -515,6 +516,33 @@ def test_config_only_locking_keeps_a_tasks_own_worker_request(server: ServerThre
     apply_task_locks(app)
     assert isinstance(audited, LockedTask) and audited.Request is Audited
     assert isinstance(plain, Task) and plain.Request == Task.Request
+
+
+def test_config_only_locking_keeps_a_tasks_own_call(server: ServerThread) -> None:
+    """A task locked by ``dflock_task_locks`` alone runs its own class's ``__call__`` (Flask's
+    ``FlaskTask``, which runs the body in the app context, as the app's ``task_cls``) under
+    the lock; `LockedTask`'s ``__call__`` took its place, so the body ran without it."""
+    context: contextvars.ContextVar[str | None] = contextvars.ContextVar("app", default=None)
+
+    class ContextTask(Task):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            token = context.set("app context")
+            try:
+                return self.run(*args, **kwargs)
+            finally:
+                context.reset(token)
+
+    app = inproc_app(server, dflock_task_locks={"inproc.in_context": {"lock_key": "ctx"}})
+
+    @app.task(shared=False, name="inproc.in_context", base=ContextTask)
+    def in_context() -> tuple[str | None, bool]:
+        return context.get(), free_now(server, "ctx")
+
+    install(app)
+    app.finalize()
+    assert isinstance(in_context, LockedTask)
+    assert in_context.apply().get() == ("app context", False)
+    assert in_context() == ("app context", False)
 
 
 def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread) -> None:

@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import time
 from typing import Any
 
-from celery import Task
+from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from celery_dflock import LockedTask, LockLost
@@ -133,6 +134,40 @@ def long_runner(self: LockedTask, name: str, seconds: float) -> dict[str, Any]:
     result = {"lost": lock.lost, "fence": lock.fence}
     record("finished", name=name, **result)
     return result
+
+
+# -------------------------------------------------------------- a task class's own __call__
+
+
+class InContext(Task):
+    """A project's task class that runs the body in a context of its own (as Flask's
+    ``FlaskTask`` runs it in the app context): by ``self.run``, or by Celery's ``__call__``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        token = CONTEXT.set("app context")
+        try:
+            if self.name.endswith("_super"):
+                return super().__call__(*args, **kwargs)
+            return self.run(*args, **kwargs)
+        finally:
+            CONTEXT.reset(token)
+
+
+CONTEXT: contextvars.ContextVar[str | None] = contextvars.ContextVar("context", default=None)
+
+
+@app.task(base=InContext)
+def in_context(name: str) -> str | None:
+    request = current_task.request
+    record("in_context", name=name, task_id=request.id, fence=request.dflock_fence)
+    return CONTEXT.get()
+
+
+@app.task(base=InContext)
+def in_context_super(name: str) -> str | None:
+    request = current_task.request
+    record("in_context", name=name, task_id=request.id, fence=request.dflock_fence)
+    return CONTEXT.get()
 
 
 # ----------------------------------------------------------------------- endings
