@@ -28,6 +28,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
+    OUTAGE_HEADER,
     Call,
     Follow,
     header,
@@ -244,10 +245,13 @@ class LockedTask(Task):
         a run holding its key from publish (``lock_from="publish"``) hands the hold on to the
         retry instead, so no duplicate can be queued during the countdown."""
         request = self._celery.request
+        took_key = held_lock(request) is not None
         kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
         given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
         given_headers = cast("Mapping[str, Any]", options.pop("headers", None) or {})
         headers = {**(request_headers(request) or {}), **given_headers}
+        if took_key:  # its key was busy, or its server away, no more: the retry starts afresh
+            headers[LOCK_RETRIES_HEADER] = headers[OUTAGE_HEADER] = None
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
         # A retry is no new publish: it takes no hold of its own.

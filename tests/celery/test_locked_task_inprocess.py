@@ -813,3 +813,47 @@ def test_an_eager_lock_retry_leaves_celerys_retries_alone(server: ServerThread) 
     other = holder(server, "eager-lock-retry")
     threading.Timer(1.5, other.release).start()  # within the second run's wait (2 s)
     assert job.apply().get() == 0
+
+
+def test_a_body_retry_starts_the_lock_retry_budget_afresh(server: ServerThread) -> None:
+    """A run that took its lock after lock retries, then retried by its body (``self.retry``,
+    ``autoretry_for``), sent its lock retries' count on to the retry: the retry met its key
+    busy with ``lock_max_retries`` spent and failed at once with `LockNotAcquired`."""
+    app = inproc_app(server)
+    in_body = threading.Event()
+    taken = threading.Event()
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=LockedTask,
+        lock_key="afresh",
+        lock_timeout=0,  # eagerly, each run waits its retry's countdown in the key's queue
+        lock_max_retries=1,
+        lock_retry_countdown=1,
+        lock_retry_jitter=False,
+        max_retries=1,
+    )
+    def job(self: LockedTask) -> int:
+        if self.request.retries == 0:
+            in_body.set()
+            time.sleep(0.5)  # the other holder joins the key's queue
+            raise self.retry(countdown=0)
+        return self.request.retries
+
+    def other_holder() -> None:
+        in_body.wait(10)
+        lock = holder(server, "afresh")
+        taken.set()
+        time.sleep(2.5)  # past the retry's first wait in the key's queue
+        lock.release()
+
+    first = holder(server, "afresh")
+    threading.Timer(1.5, first.release).start()  # within the first lock retry's wait (2 s)
+    other = threading.Thread(target=other_holder)
+    other.start()
+    try:
+        assert job.apply().get() == 1
+    finally:
+        other.join(10)
+    assert taken.is_set()
