@@ -243,10 +243,17 @@ class LockedTask(Task):
     ) -> Any:
         """As :meth:`celery.Task.retry`, but the lock is released before the retry is sent;
         a run holding its key from publish (``lock_from="publish"``) hands the hold on to the
-        retry instead, so no duplicate can be queued during the countdown."""
+        retry instead, so no duplicate can be queued during the countdown. With
+        ``throw=False`` the body goes on: it keeps its lock, and the retry waits for it."""
         request = self._celery.request
         took_key = held_lock(request) is not None
-        kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
+        kept = (
+            None  # throw=False: the body goes on after the send, holding its lock to its end
+            if took_key and not throw
+            else retry_hand_off(
+                self, request, countdown=countdown, eta=eta, max_retries=max_retries
+            )
+        )
         given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
         given_headers = cast("Mapping[str, Any]", options.pop("headers", None) or {})
         headers = {**(request_headers(request) or {}), **given_headers}

@@ -366,3 +366,13 @@ def test_a_run_replaced_by_a_run_of_its_key_releases_before_the_replacement_is_s
     first, second = rig.log.entries("body", name=name)
     assert second["fence"] > first["fence"]
     assert next_acquire_succeeds(rig, name)
+
+
+def test_a_run_that_goes_on_after_sending_its_retry_keeps_its_lock(rig: Rig) -> None:
+    """``self.retry(throw=False)`` sends the retry and lets the body go on: the lock was
+    released as the retry was sent, so the retry ran beside the rest of the body."""
+    name = unique("retry-goes-on")
+    rig.send("end_retry_goes_on", name)  # (the retry has its id: its result is the retry's)
+    rig.log.wait_event("body", EVENT_TIMEOUT_S, count=2, name=name)
+    went_on, retried = sorted(rig.log.entries("body", name=name), key=lambda e: e["retries"])
+    assert retried["start"] >= went_on["end"]
