@@ -138,8 +138,8 @@ class LockedTask(Task):
             options["headers"] = headers
 
         def send() -> Any:
-            return BaseTask.apply_async(
-                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            return self._base.apply_async(
+                args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
 
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
@@ -215,8 +215,7 @@ class LockedTask(Task):
             check_option_names(options, f"apply options of {self._name!r}")
         if any(name in options for name in LOCK_OPTIONS):
             headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")[0]
-        return BaseTask.apply(
-            self,
+        return self._base.apply(
             args,
             kwargs,
             link,
@@ -265,8 +264,8 @@ class LockedTask(Task):
         headers[HOLD_HEADER] = None if kept is None else kept.header()
         options["headers"] = headers
         try:
-            return BaseTask.retry(
-                self, args, kwargs, exc, throw, eta, countdown, max_retries, **options
+            return self._base.retry(
+                args, kwargs, exc, throw, eta, countdown, max_retries, **options
             )
         except Reject:
             if kept is not None:  # the retry could not be sent: free the key it kept
@@ -281,7 +280,7 @@ class LockedTask(Task):
         lock = held_lock(self._celery.request)
         if lock is not None:
             lock.release()
-        return BaseTask.on_replace(self, sig)
+        return self._base.on_replace(sig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         task = self._celery
@@ -323,6 +322,13 @@ class LockedTask(Task):
     def _celery(self) -> Any:
         """This task as Celery's untyped object."""
         return self
+
+    @property
+    def _base(self) -> Any:
+        """The task's methods after `LockedTask`'s: a project's task class's own (the app's
+        ``task_cls``; the task's own class, which ``dflock_task_locks`` puts after it), else
+        Celery's."""
+        return super()
 
     @property
     def _name(self) -> str:

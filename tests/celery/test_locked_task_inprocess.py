@@ -545,6 +545,29 @@ def test_config_only_locking_keeps_a_tasks_own_call(server: ServerThread) -> Non
     assert in_context() == ("app context", False)
 
 
+def test_config_only_locking_keeps_a_tasks_own_apply_async(server: ServerThread) -> None:
+    """A task locked by ``dflock_task_locks`` alone keeps its class's own ``apply_async`` (a
+    multi-tenant app's ``task_cls`` adds the tenant's header there); `LockedTask`'s called
+    Celery's instead, so the task was sent without it and ran for no tenant."""
+
+    class TenantTask(Task):
+        def apply_async(self, *args: Any, **options: Any) -> Any:
+            options["headers"] = {**(options.get("headers") or {}), "tenant": "t1"}
+            return super().apply_async(*args, **options)
+
+    app = inproc_app(server, dflock_task_locks={"inproc.tenant": {"lock_key": "tenant"}})
+
+    @app.task(shared=False, bind=True, name="inproc.tenant", base=TenantTask)
+    def tenant(self: Task) -> object:
+        assert self.request.dflock_fence is not None  # under its lock
+        return (self.request.headers or {}).get("tenant")
+
+    install(app)
+    app.finalize()
+    assert isinstance(tenant, LockedTask)
+    assert tenant.delay().get() == "t1"
+
+
 def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread) -> None:
     app = inproc_app(server)
     started = threading.Event()
