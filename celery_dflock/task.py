@@ -68,6 +68,11 @@ class LockedTask(Task):
     per call (``apply_async(..., lock_timeout=5)``) or app-wide (``app.conf.dflock_*``).
     """
 
+    _own_call: ClassVar[Callable[..., Any] | None] = None
+    """The ``__call__`` of a task class after `LockedTask` in this one's (the app's
+    ``task_cls``; the task's own class, which ``dflock_task_locks`` puts after it), found once
+    per class: it runs the body, under the lock. None: Celery's, which runs ``run``."""
+
     # Every lock option (None: not set here); each is a row of
     # `celery_dflock._settings.LOCK_OPTION_SPECS`.
     lock_key: ClassVar[str | Callable[..., str] | None] = None
@@ -286,7 +291,8 @@ class LockedTask(Task):
         task = self._celery
         stack = task.request_stack
         request = stack.top
-        body = self._own_call()
+        call = type(self)._own_call
+        body = None if call is None else functools.partial(call, self)
         if (
             request is not None
             and not request._protected
@@ -307,16 +313,14 @@ class LockedTask(Task):
             task.pop_request()
             task_stack.pop()
 
-    def _own_call(self) -> Callable[..., Any] | None:
-        """The ``__call__`` of a task class after `LockedTask` in this task's (the app's
-        ``task_cls``; the task's own class, which ``dflock_task_locks`` puts after it), bound:
-        it runs the body, under the lock. None: Celery's, which runs ``run``."""
-        mro = type(self).__mro__
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
         for klass in mro[mro.index(LockedTask) + 1 :]:
             call = vars(klass).get("__call__")
             if call is not None:
-                return None if klass is BaseTask else functools.partial(call, self)
-        return None
+                cls._own_call = None if klass is BaseTask else call
+                return
 
     @property
     def _celery(self) -> Any:

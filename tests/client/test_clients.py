@@ -271,19 +271,19 @@ def test_a_negative_timeout_is_refused_even_a_fraction_that_rounds_up_to_zero(
     """``acquire_timeout_s=-0.5`` is refused as ``-1`` is, naming the argument; it was rounded
     up to 0 and taken as a try-once acquire."""
     servers = [dflock_server.address]
-    client = Client(servers)
-    lock = client.lock("k")
-    assert lock.enqueue() == "acquired"
-    for bad, name in (
-        (lambda: Client(servers, acquire_timeout_s=-0.5), "acquire_timeout_s"),
-        (lambda: client.lock("k", acquire_timeout_s=-0.5), "acquire_timeout_s"),
-        (lambda: DistributedLock("k", -0.5, servers=servers), "acquire_timeout_s"),
-        (lambda: client.hold("k", note="n", lease_ttl=5, timeout=-0.5), "timeout"),
-        (lambda: lock.wait(-0.5), "timeout_s"),
-    ):
-        with pytest.raises(InvalidValueError, match=rf"^{name} must be between 0 and"):
-            bad()
-    assert lock.release()
+    with Client(servers) as client:  # (closed: its pooled connection is not left to the GC)
+        lock = client.lock("k")
+        assert lock.enqueue() == "acquired"
+        for bad, name in (
+            (lambda: Client(servers, acquire_timeout_s=-0.5), "acquire_timeout_s"),
+            (lambda: client.lock("k", acquire_timeout_s=-0.5), "acquire_timeout_s"),
+            (lambda: DistributedLock("k", -0.5, servers=servers), "acquire_timeout_s"),
+            (lambda: client.hold("k", note="n", lease_ttl=5, timeout=-0.5), "timeout"),
+            (lambda: lock.wait(-0.5), "timeout_s"),
+        ):
+            with pytest.raises(InvalidValueError, match=rf"^{name} must be between 0 and"):
+                bad()
+        assert lock.release()
 
 
 def test_the_cores_value_errors_are_dflock_errors() -> None:
