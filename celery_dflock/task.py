@@ -13,7 +13,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from types import FunctionType
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Final, cast
 
 from celery import Task
 from celery.utils import uuid
@@ -59,6 +59,10 @@ class LockedRequest(CeleryRequest):
         return cast("Any", CeleryRequest).on_failure(self, exc_info, *args, **kwargs)
 
 
+_OWN_CALL: Final = "_dflock_own_call"
+"""Where `LockedTask.__init_subclass__` keeps a task class's own ``__call__``."""
+
+
 class LockedTask(Task):
     """A task whose runs hold a distributed lock (or semaphore slot) on a key.
 
@@ -67,11 +71,6 @@ class LockedTask(Task):
     ``dflock_task_locks``, are locked). Every lock option is a class attribute, also given
     per call (``apply_async(..., lock_timeout=5)``) or app-wide (``app.conf.dflock_*``).
     """
-
-    _own_call: ClassVar[Callable[..., Any] | None] = None
-    """The ``__call__`` of a task class after `LockedTask` in this one's (the app's
-    ``task_cls``; the task's own class, which ``dflock_task_locks`` puts after it), found once
-    per class: it runs the body, under the lock. None: Celery's, which runs ``run``."""
 
     # Every lock option (None: not set here); each is a row of
     # `celery_dflock._settings.LOCK_OPTION_SPECS`.
@@ -291,7 +290,7 @@ class LockedTask(Task):
         task = self._celery
         stack = task.request_stack
         request = stack.top
-        call = type(self)._own_call
+        call: Callable[..., Any] | None = getattr(type(self), _OWN_CALL, None)
         body = None if call is None else functools.partial(call, self)
         if (
             request is not None
@@ -314,13 +313,18 @@ class LockedTask(Task):
             task_stack.pop()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Find, once per class, the ``__call__`` of a task class after `LockedTask` in this
+        one's (the app's ``task_cls``; the task's own class, which ``dflock_task_locks`` puts
+        after it): it runs the body, under the lock. None: Celery's, which runs ``run``."""
         super().__init_subclass__(**kwargs)
         mro = cls.__mro__
+        own = None
         for klass in mro[mro.index(LockedTask) + 1 :]:
             call = vars(klass).get("__call__")
             if call is not None:
-                cls._own_call = None if klass is BaseTask else call
-                return
+                own = None if klass is BaseTask else call
+                break
+        setattr(cls, _OWN_CALL, own)  # (no annotation: LockedTask's own are its options)
 
     @property
     def _celery(self) -> Any:
