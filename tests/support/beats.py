@@ -43,7 +43,6 @@ STOP_TIMEOUT_S = 20.0
 ACTIVE = re.compile(r"beat: active, holding")
 STANDBY = re.compile(r"beat: standby, waiting for")
 LOST = re.compile(r"beat: lost ")
-SCHEDULER = "celery_dflock.beat:SingletonScheduler"
 STARTED = re.compile(r"beat: (standby, waiting|active, holding)")
 
 
@@ -223,7 +222,7 @@ class Cluster:
             "beatapp",
             "beat",
             "-S",
-            SCHEDULER,
+            "celery_dflock.beat:SingletonScheduler",
             *schedule,
             "--pidfile=",
             "-l",
@@ -233,20 +232,15 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, concurrency: int = 3, *, beat: bool = False) -> Proc:
-        """Start a prefork worker on the test queue; return once it is ready. ``beat``: with
-        an embedded ``SingletonScheduler`` beat (``-B``), consuming another queue, so what
-        it sends stays in the test queue."""
+    def start_worker(self, concurrency: int = 3) -> Proc:
+        """Start a prefork worker on the test queue; return once it is ready."""
         name = f"worker{sum(p.name.startswith('worker') for p in self.procs) + 1}"
-        queue = self.settings["task_default_queue"]
-        schedule = str(self.directory / f"{name}-schedule")
         command = worker_command(
             "beatapp",
             pool="prefork",
             concurrency=concurrency,
             name=f"{name}-{uuid.uuid4().hex[:6]}@beat-test",
-            queue=f"{queue}-worker" if beat else queue,
-            extra_args=("-B", "--scheduler", SCHEDULER, "-s", schedule) if beat else (),
+            queue=self.settings["task_default_queue"],
         )
         proc = Proc(name, command, self._env(name), self.directory)
         self.procs.append(proc)
