@@ -375,7 +375,9 @@ class LockBase:
 
         False when nothing was held or the lock was lost. An enqueued lock leaves the queue
         (a grant that came meanwhile is released: True). A server that does not answer: False
-        at once, and the background keeps releasing by token while the lease runs. If the
+        (at once when it is down; when it is silent, after the 10 s reply timeout, and a
+        renewal then in flight first waits out its own), and the
+        background keeps releasing by token while the lease runs. If the
         server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
         fork child of the holder does nothing.
         """
