@@ -397,8 +397,9 @@ class LockCore:
     def on_renew_reply(
         self, reply: Reply, sent_at: float, session: ClientSession | None = None
     ) -> RenewOutcome:
-        """Read the reply to ``n``/``sn``: ``error_draining`` reattaches (a restart may keep
-        the lease); ``error``, or the grant's session over meanwhile: lost."""
+        """Read the reply to ``n``/``sn``: ``error_draining`` and ``error_unavailable``
+        reattach (a restart may keep the lease; a cluster member may not know its shards yet);
+        ``error``, or the grant's session over meanwhile: lost."""
         grant = self.grant
         ended = grant.session_ended()
         if ended is not None:
@@ -418,6 +419,11 @@ class LockCore:
         if code == wire.STATUS_ERROR_DRAINING:
             return RenewOutcome(
                 renewed=False, lost_reason="the server is shutting down", reattach=True
+            )
+        if code == wire.STATUS_ERROR_UNAVAILABLE:
+            why = "the cluster member cannot tell yet whether it serves the key (starting, or "
+            return RenewOutcome(
+                renewed=False, lost_reason=why + "cut off from etcd)", reattach=True
             )
         if code == wire.STATUS_ERROR and grant.broken is not None:
             why = (

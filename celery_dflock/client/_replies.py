@@ -131,6 +131,10 @@ _WAIT_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_NOT_ENQUEUED,
     wire.STATUS_ERROR_LEASE_EXPIRED,
 }
+_RENEW_ERRORS: Final = _COMMON_ERRORS | {
+    wire.STATUS_ERROR_MAX_LOCKS,  # a reattach by token refused for --max-locks-per-ip: lost
+    wire.STATUS_ERROR_UNAVAILABLE,  # a cluster member not knowing its shards yet: asked again
+}
 _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     **dict.fromkeys(Command, _COMMON_ERRORS),
     Command.LOCK: _LOCK_ERRORS,
@@ -139,9 +143,8 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.SEM_ENQUEUE: _ENQUEUE_ERRORS,
     Command.WAIT: _WAIT_ERRORS,
     Command.SEM_WAIT: _WAIT_ERRORS,
-    # A reattach by token refused for --max-locks-per-ip: the lock counts as lost.
-    Command.RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
-    Command.SEM_RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
+    Command.RENEW: _RENEW_ERRORS,
+    Command.SEM_RENEW: _RENEW_ERRORS,
     Command.HOLD: _LOCK_ERRORS,
     Command.NOTE: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
     Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_READ_ONLY},

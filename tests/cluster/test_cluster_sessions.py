@@ -5,6 +5,7 @@ happens, the rival that gets the key finds the old holder already knowing its lo
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import threading
@@ -16,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from celery_dflock.client import DistributedLock
 from celery_dflock.client.clients import Client
 from dflockd_server.cluster.etcd import EtcdError
 from dflockd_server.cluster.ops import ClusterOpError, pin, unpin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
-from tests.support.fleet import Fleet, Member
+from tests.support.fleet import Fleet, Member, cluster_url
 from tests.support.processes import paused
+from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 
 WAIT_S = 60.0
@@ -112,6 +115,23 @@ def test_etcd_paused_during_a_sessions_life_gives_the_key_to_no_one_before_its_h
             held.release()  # lost: closes its connection
 
 
+def rival_once_let_go(held: DistributedLock, rival: Client, key: str) -> DistributedLock:
+    """The rival's lock of ``key``, taken after a restart of the member that granted ``held``.
+    The holder either keeps the key (renewed by token on the new run: the rival waits two
+    leases in vain, then the holder lets go) or knows its loss. Then the grant the journal
+    restored runs out by itself: up to two leases after the kill (a keep-alive's renewal is
+    journaled a lease ahead), later still when the new run was slow to start."""
+    taken = rival.lock(key, lease_ttl_s=LEASE_S, acquire_timeout_s=LEASE_S * 2)
+    if taken.acquire():
+        return taken
+    if held.owned():
+        assert held.renew(), f"{held!r} owned the key, yet the server refused its renewal"
+        held.release()
+    taken = rival.lock(key, lease_ttl_s=LEASE_S, acquire_timeout_s=WAIT_S)
+    assert taken.acquire(), "the rival never got the key"
+    return taken
+
+
 @pytest.mark.timeout(300)
 def test_a_member_killed_and_restarted_with_its_journal_gives_a_session_key_to_no_one_early(
     fleet: Fleet,
@@ -130,16 +150,70 @@ def test_a_member_killed_and_restarted_with_its_journal_gives_a_session_key_to_n
         assert held.acquire() and held.server == a.address
         time.sleep(SESSION_S)  # kept by keep-alives only
         a.restart()
-        taken = rival.lock(key, lease_ttl_s=LEASE_S, acquire_timeout_s=LEASE_S * 2)
-        if not taken.acquire():  # the holder kept it: renewed by token on the new run
-            assert held.owned() and held.renew(), "nobody holds the key, yet the rival waited"
-            held.release()
-            assert taken.acquire(), "the rival never got the key"
+        taken = rival_once_let_go(held, rival, key)
         try:
             assert not held.owned(), f"two holders: {held!r} still owns it, {taken!r} got it"
         finally:
             taken.release()
             held.release()  # lost: closes its connection
+
+
+UNDECIDED_LEASE_S = 40
+"""Longer than a restart and an etcd stall together, even on a loaded machine."""
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_split_target_that_cannot_yet_tell_its_shards_keeps_the_holders_key(
+    etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path
+) -> None:
+    """B, the target of a shard split from A, grants a key of it, is killed and restarted in
+    place, and listens before it has raised its fencing counter for the split (etcd stalled
+    from its first read of the ceilings): until then it may not renew that key, yet the grant
+    its journal restored may well be the holder's. It answers the holder's renewal by token
+    ``error_unavailable``, not ``error`` (which would tell a loss that did not happen, and
+    leave the key held for nobody until its lease ends): the holder asks again within its
+    lease, and holds on once B decides."""
+    args = (*MEMBER_ARGS[:2], "--max-lease-ttl", str(2 * UNDECIDED_LEASE_S), *MEMBER_ARGS[4:])
+    with (
+        FaultProxy(("127.0.0.1", etcd_server.client_port)) as proxy,
+        Fleet.on(etcd_server, etcd_prefix, tmp_path, *args) as fleet,
+    ):
+        a = fleet.start()
+        proxied = cluster_url(f"http://127.0.0.1:{proxy.address[1]}", fleet.prefix)
+        b = Member(proxied, tmp_path, *args)  # its etcd through the proxy, A's not
+        fleet.members.append(b)
+        b.wait_listening()
+        fleet.even_out()
+        pinned = fleet.key_of(a, "split:")
+        crossed = sibling_of(pinned, "crossed:")
+        seeds = fleet.seeds()
+        with (
+            Client(seeds, sharding_strategy="cluster", acquire_timeout_s=WAIT_S) as keeper,
+            Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
+            keeper.lock(pinned, lease_ttl_s=UNDECIDED_LEASE_S),
+        ):
+            pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
+            wait_until(
+                lambda: fleet.split_of(pinned) == b.advertise,
+                timeout=WAIT_S,
+                what="a splits the shard towards b",
+            )
+            held = holding.lock(crossed, lease_ttl_s=UNDECIDED_LEASE_S, acquire_timeout_s=WAIT_S)
+            assert held.acquire() and held.server == b.address
+            b.kill()
+            # What a member's new run does first once it decides: read every ceiling.
+            ceilings_end = base64.b64encode(f"{fleet.prefix}/fence0".encode())
+            reading = proxy.hold_reply_after(ceilings_end)
+            b.start()
+            assert reading.wait(WAIT_S), "b's new run never read the fence ceilings"
+            proxy.stall(SESSION_S + 2)  # its retries too: it cannot raise its counter meanwhile
+            time.sleep(SESSION_S)  # the holder asks b's new run again, every second at most
+            assert not held.lost, f"{held!r} was told a loss while its grant was restored"
+            proxy.release_replies()
+            wait_until(held.renew, timeout=WAIT_S, what="the holder renews on b's new run")
+            assert held.owned() and not held.lost
+            assert held.release()
+        unpin(fleet.etcd, fleet.prefix, shard_id(pinned))
 
 
 def sibling_of(key: str, stem: str) -> str:
@@ -398,12 +472,8 @@ def test_the_splits_target_killed_and_restarted_keeps_or_tells_its_asked_key(
         assert fence is not None
         time.sleep(SESSION_S)  # kept by keep-alives only
         b.restart()
-        taken = rival.lock(crossed, lease_ttl_s=LEASE_S, acquire_timeout_s=LEASE_S * 2)
+        taken = rival_once_let_go(held, rival, crossed)
         try:
-            if not taken.acquire():  # the holder kept it
-                assert held.owned() and held.renew(), "nobody holds the key, yet the rival waited"
-                held.release()
-                assert taken.acquire(), "the rival never got the key"
             assert not held.owned(), f"two holders: {held!r} still owns it, {taken!r} got it"
             assert (taken.fence or 0) > fence
         finally:
