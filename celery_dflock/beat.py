@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -89,6 +90,7 @@ from celery.utils.imports import (
 )
 from celery.utils.time import maybe_make_aware
 
+from celery_dflock._celery import signals as celery_signals
 from celery_dflock._request import LOCK_OPTIONS_HEADER, beat_note
 from celery_dflock._settings import (
     BEAT_SETTING_SPECS,
@@ -437,6 +439,9 @@ class SingletonScheduler(Scheduler):
         else:
             kwargs["lazy"] = True
         self._base().__init__(*args, **kwargs)
+        celery_signals.beat_embedded_init.connect(
+            _close_on_sigterm, weak=False, dispatch_uid=_close_on_sigterm.__qualname__
+        )
         # A wrapped RedBeat's own Redis lock must be off (see "The schedule store" above).
         wrapped = [c for c in type(self).__mro__ if c.__module__.startswith("redbeat")]
         key: object = getattr(self, "lock_key", None)
@@ -657,6 +662,28 @@ class SingletonScheduler(Scheduler):
             f"(lease {self._dflock_settings.lease_ttl_s}s, sends only while held)"
         )
         return f"{wrapped}\n{mine}" if wrapped else mine
+
+
+def _close_on_sigterm(sender: Any, **_: object) -> None:
+    """``celery worker -B``: the worker stops its embedded beat's process with SIGTERM, and
+    billiard's handler there exits (Celery then closes the scheduler on its way out) with the
+    next SIGTERM left at its default; the worker sends one more as it exits, which killed the
+    process in the middle of that close, and this beat's lock stayed held for its session's
+    time while no beat sent. Here a stop closes the scheduler (the lock released) with further
+    stops ignored, then exits, as ``celery beat`` does on its own."""
+    if not isinstance(sender.scheduler, SingletonScheduler):
+        return
+
+    stops = (signal.SIGTERM, signal.SIGINT)
+
+    def close_and_exit(signum: int, frame: object) -> None:
+        for stop in stops:  # a second one (the worker's exit sends one) must not cut the close
+            signal.signal(stop, signal.SIG_IGN)
+        sender.sync()
+        raise SystemExit
+
+    for stop in stops:
+        signal.signal(stop, close_and_exit)
 
 
 def _name_this_beat(lock: DistributedLock) -> None:

@@ -354,6 +354,25 @@ def test_a_stopping_beat_hands_the_lock_over(
     assert_no_double_send(sent, PERIOD_S)
 
 
+def test_a_worker_s_embedded_beat_lets_its_lock_go_when_the_worker_stops(
+    make_cluster: Callable[..., Cluster], broker: Broker
+) -> None:
+    """``celery worker -B``: a warm shutdown stops the embedded beat's process, which closes
+    its scheduler: the lock is released by the time the worker has exited, not held for the
+    rest of its session (``dflock_session_ttl``, 15 s) while no beat sends."""
+    cluster = make_cluster(dflock_beat_lease_ttl=RELEASE_LEASE_TTL_S)
+    worker = cluster.start_worker(concurrency=1, beat=True)
+    broker.wait_sent(1, timeout=60)
+    assert worker.stop() == 0, worker.output()
+
+    key = cluster.settings["dflock_beat_lock_key"]
+    shown = cluster.dflock_cli("locks", "--json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    held = [lock for lock in json.loads(shown.stdout)[0]["stats"]["locks"] if lock["key"] == key]
+    assert not held, f"the stopped worker's beat still holds {key!r}: {held}\n{worker.output()}"
+    worker.wait_line(RELEASED, timeout=OUTPUT_LAG_S)
+
+
 @pytest.fixture
 def broker_proxy() -> Iterator[FaultProxy]:
     """A TCP proxy in front of the beat tests' Redis (see ``proxied_broker_url``)."""

@@ -43,6 +43,7 @@ STOP_TIMEOUT_S = 20.0
 ACTIVE = re.compile(r"beat: active, holding")
 STANDBY = re.compile(r"beat: standby, waiting for")
 LOST = re.compile(r"beat: lost ")
+SCHEDULER = "celery_dflock.beat:SingletonScheduler"
 STARTED = re.compile(r"beat: (standby, waiting|active, holding)")
 
 
@@ -222,7 +223,7 @@ class Cluster:
             "beatapp",
             "beat",
             "-S",
-            "celery_dflock.beat:SingletonScheduler",
+            SCHEDULER,
             *schedule,
             "--pidfile=",
             "-l",
@@ -232,15 +233,20 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, concurrency: int = 3) -> Proc:
-        """Start a prefork worker on the test queue; return once it is ready."""
+    def start_worker(self, concurrency: int = 3, *, beat: bool = False) -> Proc:
+        """Start a prefork worker on the test queue; return once it is ready. ``beat``: with
+        an embedded ``SingletonScheduler`` beat (``-B``), consuming another queue, so what
+        it sends stays in the test queue."""
         name = f"worker{sum(p.name.startswith('worker') for p in self.procs) + 1}"
+        queue = self.settings["task_default_queue"]
+        schedule = str(self.directory / f"{name}-schedule")
         command = worker_command(
             "beatapp",
             pool="prefork",
             concurrency=concurrency,
             name=f"{name}-{uuid.uuid4().hex[:6]}@beat-test",
-            queue=self.settings["task_default_queue"],
+            queue=f"{queue}-worker" if beat else queue,
+            extra_args=("-B", "--scheduler", SCHEDULER, "-s", schedule) if beat else (),
         )
         proc = Proc(name, command, self._env(name), self.directory)
         self.procs.append(proc)
