@@ -159,12 +159,17 @@ td.none { color: #888; }
 
 
 def _cell(label: str, value: object, kind: str = "") -> str:
-    """One ``<td>`` of the column ``label`` (a card's caption), its text escaped."""
+    """One ``<td>`` of the column ``label`` (a card's caption), its text escaped: HTML, and
+    each character that is not printable shown as its escape (``\u202e``), so a key cannot
+    turn the text around it (a bidi override) or hide what it is."""
     caption = f' data-label="{html.escape(label)}"'
     if value is None or value == "":
         return f'<td class="none"{caption}>-</td>'
     css = f' class="{kind}"' if kind else ""
-    return f"<td{css}{caption}>{html.escape(str(value))}</td>"
+    shown = "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in str(value)
+    )
+    return f"<td{css}{caption}>{html.escape(shown)}</td>"
 
 
 def _seconds(value: object) -> str | None:

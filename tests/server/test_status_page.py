@@ -78,6 +78,14 @@ def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
     assert "No lock is held." in render("t", {}, 0, 0.0)
 
 
+def test_a_key_cannot_turn_the_page_s_text_around_or_hide_in_it() -> None:
+    """A bidi override or an invisible character in a key is shown as its escape."""
+    key = "report:\u202egnp.exe\u200b"
+    page = render("t", {"locks": [{"key": key, "lease_expires_in_s": 5.0}]}, 0, 0.0)
+    assert "report:\\u202egnp.exe\\u200b" in page
+    assert "\u202e" not in page and "\u200b" not in page
+
+
 def test_the_page_says_each_degraded_state_in_a_banner_the_errors_first() -> None:
     read_only = conditions.read_only(
         "No space left on device", "/var/lib/dflockd", "Free <it>.", renewals=True
