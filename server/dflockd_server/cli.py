@@ -36,6 +36,9 @@ log = logging.getLogger("dflockd_server")
 
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Each stops the server gracefully (dflockd reloads nothing on SIGHUP); a second, during the
+drain, closes at once."""
 
 
 class UsageError(Exception):
@@ -300,7 +303,8 @@ def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
 
 
 async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str]) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    """Run until SIGTERM, SIGINT or SIGHUP, then shut down gracefully (a second one ends the
+    drain at once)."""
     warnings = _start_up_warnings(config, environ, argv)  # before the state file is written
     room = make_room_for_connections(config.max_connections)  # raises the open-file limit
     if room is not None:
@@ -341,7 +345,7 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
         )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     serving = asyncio.ensure_future(server.serve_forever())
     waiting = asyncio.ensure_future(stop.wait())
@@ -358,9 +362,18 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
                 config.shutdown_timeout_s,
             )
     waiting.cancel()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, _cut_drain, server)
     await server.stop()
     await serving
     log.info("dflockd stopped")
+
+
+def _cut_drain(server: Server) -> None:
+    log.warning(
+        "second signal received: closing every connection now, without waiting for releases"
+    )
+    server.cut_drain()
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> None:

@@ -104,6 +104,8 @@ class Server:
         self.secret: bytes | None = None
         self._stopped: asyncio.Event | None = None
         self._stopping = False
+        self._drain_cut = False
+        """Set by `cut_drain`: the drain ends now."""
         self._listener: asyncio.Server | None = None
         self.ssl_context: ssl.SSLContext | None = None
         """On a TLS server: the context each connection's ``TlsSession`` is made from."""
@@ -470,6 +472,11 @@ class Server:
         assert self._stopped is not None
         await self._stopped.wait()
 
+    def cut_drain(self) -> None:
+        """End a drain under way now, as if its timeout had passed (an operator's second
+        signal)."""
+        self._drain_cut = True
+
     async def stop(self, timeout_s: float | None = None) -> None:
         """Graceful shutdown: grant nothing more (acquires get ``error_draining``), let holders
         renew and release until none is left or ``shutdown_timeout_s`` ran out, then close
@@ -505,7 +512,7 @@ class Server:
             timeout_s,
         )
         deadline = self.loop.time() + timeout_s
-        while table.held and connections and self.loop.time() < deadline:
+        while table.held and connections and self.loop.time() < deadline and not self._drain_cut:
             await asyncio.sleep(c.DRAIN_POLL_S)
         cut_off: set[int] = set()
         if table.held and connections:

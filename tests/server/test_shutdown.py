@@ -196,6 +196,38 @@ def test_a_lock_never_released_is_closed_at_the_shutdown_timeout(dflockd_process
     assert not any("Traceback" in line for line in proc.lines)
 
 
+def test_a_second_signal_ends_the_drain_at_once(dflockd_process: Any) -> None:
+    """An operator who does not want to wait out the drain signals again: every connection
+    closes now, a held lock's included."""
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--shutdown-timeout", "600"
+    )
+    address = proc.wait_listening()
+    with Wire(address) as holder:
+        holder.lock("k")
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.wait_for("draining")
+        proc.proc.send_signal(signal.SIGINT)
+        assert proc.wait_exit(timeout=30) == 0  # not the 600 s drain
+        assert holder.closed_by_server()
+    assert any("second signal received" in line for line in proc.lines)
+    assert not any("Traceback" in line for line in proc.lines)
+
+
+def test_sighup_stops_the_server_as_sigterm_does(dflockd_process: Any) -> None:
+    """dflockd reloads nothing: SIGHUP (a closed terminal, a supervisor's stop) drains and
+    exits 0, where Python's default ended the process at once, as a crash."""
+    proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
+    address = proc.wait_listening()
+    with Wire(address) as idle:
+        token = idle.lock("k")
+        assert idle.req("r", "k", token) == "ok"
+        proc.proc.send_signal(signal.SIGHUP)
+        assert proc.wait_exit(timeout=10) == 0
+        assert idle.closed_by_server()
+    assert any("signal received: draining" in line for line in proc.lines)
+
+
 def test_stop_under_a_connection_storm_closes_every_socket(
     loop_factory: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
