@@ -127,7 +127,7 @@ def locked_run(
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(message.retries, options))
     in_worker = not (request.is_eager or request.called_directly)
-    if wait_s and in_worker and (limit_s := _time_limit(task, request)) is not None:
+    if wait_s and in_worker and (limit_s := _time_limit(task, request, runtime)) is not None:
         # The wait counts against the run's time limit: it ends in time for on_locked to
         # apply, leaving the body half the limit (else a busy key fails the run).
         wait_s = min(wait_s, limit_s / 2)
@@ -214,14 +214,15 @@ def locked_run(
     return result
 
 
-def _time_limit(task: Any, request: Any) -> float | None:
+def _time_limit(task: Any, request: Any, runtime: Runtime) -> float | None:
     """The run's shortest time limit, soft or hard, as the worker works it out (the message's,
-    else the task's, else the app's); None: none."""
+    else the task's, else the worker's: its command line's or the app's); None: none."""
     hard, soft = getattr(request, "timelimit", None) or (None, None)
     conf: Any = task._get_app().conf
+    worker_hard, worker_soft = runtime.worker_time_limits
     limits = (
-        hard or task.time_limit or conf.task_time_limit,
-        soft or task.soft_time_limit or conf.task_soft_time_limit,
+        hard or task.time_limit or worker_hard or conf.task_time_limit,
+        soft or task.soft_time_limit or worker_soft or conf.task_soft_time_limit,
     )
     return min((float(limit) for limit in limits if limit), default=None)
 

@@ -397,6 +397,9 @@ class Runtime:
     pid: int = field(default_factory=os.getpid)
     in_pool_child: bool = False
     records: HeldRecords | None = None
+    worker_time_limits: tuple[float | None, float | None] = (None, None)
+    """The worker's own hard and soft time limits (``--time-limit``, ``--soft-time-limit`` or
+    the app's settings): its pool's defaults, set at ``worker_init``."""
     _client: tuple[DflockConfig, Client] | None = None
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _held_writer: HeldWriter | None = None
@@ -458,9 +461,9 @@ def app_client(app: Any) -> Client:
 def reset_runtime_after_fork(app: object, *, in_pool_child: bool) -> Runtime:
     """Replace the inherited runtime in a new pool child (the parent's pool is not ours)."""
     inherited = getattr(app, _RUNTIME_ATTR, None)
-    fresh = Runtime(
-        in_pool_child=in_pool_child,
-        records=inherited.records if isinstance(inherited, Runtime) else None,
-    )
+    fresh = Runtime(in_pool_child=in_pool_child)
+    if isinstance(inherited, Runtime):
+        fresh.records = inherited.records
+        fresh.worker_time_limits = inherited.worker_time_limits
     setattr(app, _RUNTIME_ATTR, fresh)
     return fresh

@@ -109,7 +109,10 @@ class _Hooks:
             raise SystemExit(f"Error: {exc}") from exc
         self.main_pid = os.getpid()
         inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
-        get_runtime(self.app).records = HeldRecords.for_main_process(self.main_pid, self._servers())
+        runtime = get_runtime(self.app)
+        runtime.records = HeldRecords.for_main_process(self.main_pid, self._servers())
+        limits = (getattr(sender, "time_limit", None), getattr(sender, "soft_time_limit", None))
+        runtime.worker_time_limits = limits
 
     def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
         """Config warnings and the clean-up after dead workers, once the worker logs (it does

@@ -41,7 +41,7 @@ def next_acquire_succeeds(rig: Rig, name: str) -> bool:
     return rig.key_free(f"end:{name}", NEXT_ACQUIRE_TIMEOUT_S)
 
 
-def _rig(tmp: Path, server_config: Config) -> Iterator[Rig]:
+def _rig(tmp: Path, server_config: Config, worker_args: tuple[str, ...] = ()) -> Iterator[Rig]:
     queue = f"dflock-end-{uuid.uuid4().hex[:8]}"
     with open_rig(
         tmp,
@@ -50,7 +50,7 @@ def _rig(tmp: Path, server_config: Config) -> Iterator[Rig]:
         server=server_config,
         main="endings-client",
     ) as made:
-        made.start_worker(pool="prefork", concurrency=2)
+        made.start_worker(pool="prefork", concurrency=2, extra_args=worker_args)
         yield made
 
 
@@ -348,6 +348,32 @@ def test_a_busy_key_outlasting_the_soft_time_limit_is_retried_not_failed(rig: Ri
     try:
         result = rig.send("end_soft_limited_waiter", name)
         time.sleep(2.5)  # more than the run's soft time limit (1 s)
+    finally:
+        other.release()
+    assert result.get(timeout=EVENT_TIMEOUT_S) == name
+    [body] = rig.log.entries("body", name=name)
+    assert body["lock_retries"] >= 1
+
+
+@pytest.fixture
+def worker_limited_rig(tmp_path: Path) -> Iterator[Rig]:
+    """A rig whose worker is started with ``--soft-time-limit 1``."""
+    server = Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)
+    yield from _rig(tmp_path, server, worker_args=("--soft-time-limit", "1"))
+
+
+def test_a_busy_key_outlasting_the_worker_s_own_soft_time_limit_is_retried_not_failed(
+    worker_limited_rig: Rig,
+) -> None:
+    """``celery worker --soft-time-limit 1``: the pool's default limit, in neither the message,
+    the task nor the app's settings. The key's FIFO wait was capped by those alone, so it ran
+    into this one, which failed the run with SoftTimeLimitExceeded."""
+    rig = worker_limited_rig
+    name = unique("worker-soft-wait")
+    other = rig.holder(f"end:{name}")
+    try:
+        result = rig.send("end_waiter", name)
+        time.sleep(2.5)  # more than the worker's soft time limit (1 s)
     finally:
         other.release()
     assert result.get(timeout=EVENT_TIMEOUT_S) == name

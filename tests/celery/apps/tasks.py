@@ -402,6 +402,21 @@ def end_soft_limited_waiter(self: LockedTask, name: str) -> str:
 
 
 @app.task(
+    bind=True,
+    base=LockedTask,
+    lock_key="end:{name}",
+    lock_ttl=ENDING_TTL,
+    lock_retry_countdown=0.1,
+    lock_retry_backoff_max=0.2,
+)
+def end_waiter(self: LockedTask, name: str) -> str:
+    """``end_soft_limited_waiter`` without a time limit of its own (the worker's applies)."""
+    lock_retries = getattr(self.request, "dflock_lock_retries", None) or 0
+    record("body", name=name, fence=_fence(self), lock_retries=lock_retries)
+    return name
+
+
+@app.task(
     bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL, lock_from="publish"
 )
 def end_replaced(self: LockedTask, name: str, step: int = 0) -> int:
