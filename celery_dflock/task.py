@@ -313,11 +313,23 @@ class LockedTask(Task):
             task_stack.pop()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Find, once per class, the ``__call__`` of a task class after `LockedTask` in this
-        one's (the app's ``task_cls``; the task's own class, which ``dflock_task_locks`` puts
-        after it): it runs the body, under the lock. None: Celery's, which runs ``run``."""
+        """Find, once per class, the ``__call__`` that runs the body, under the lock: this
+        class's own when it runs the body itself (``return self.run(...)``, as Celery's docs
+        write one; it would take `LockedTask`'s place and run unlocked), else that of a task
+        class after `LockedTask` in this one's (the app's ``task_cls``; the task's own class,
+        which ``dflock_task_locks`` puts after it). None: Celery's, which runs ``run``."""
         super().__init_subclass__(**kwargs)
+        mine = vars(cls).get("__call__")
+        code = getattr(mine, "__code__", None)
+        if code is not None and "__call__" not in code.co_names:  # no super().__call__()
+            setattr(cls, _OWN_CALL, mine)
+            cls.__call__ = LockedTask.__call__  # pyright: ignore[reportAttributeAccessIssue]
+            return
         mro = cls.__mro__
+        if any(
+            vars(k).get("__call__") is LockedTask.__call__ for k in mro[1 : mro.index(LockedTask)]
+        ):
+            return  # a class between this one and LockedTask runs the body by its own: kept
         own = None
         for klass in mro[mro.index(LockedTask) + 1 :]:
             call = vars(klass).get("__call__")

@@ -545,6 +545,42 @@ def test_config_only_locking_keeps_a_tasks_own_call(server: ServerThread) -> Non
     assert in_context() == ("app context", False)
 
 
+def test_a_locked_task_class_whose_call_runs_the_body_itself_runs_it_locked(
+    server: ServerThread,
+) -> None:
+    """A subclass of `LockedTask` with a ``__call__`` that runs ``self.run`` (as Celery's docs
+    write a task class's ``__call__``): it took `LockedTask`'s place, so every run went
+    unlocked. A subclass of that class, and one whose ``__call__`` calls ``super()``'s, too."""
+    context: contextvars.ContextVar[str | None] = contextvars.ContextVar("ctx", default=None)
+
+    class ContextTask(LockedTask):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            token = context.set("in context")
+            try:
+                return self.run(*args, **kwargs)
+            finally:
+                context.reset(token)
+
+    class Derived(ContextTask):
+        pass
+
+    class Chained(ContextTask):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+    app = inproc_app(server)
+    for base in (ContextTask, Derived, Chained):
+        key = f"own-call-{base.__name__}"
+
+        @app.task(shared=False, name=f"inproc.{key}", base=base, lock_key=key)
+        def run(key: str = key) -> tuple[str | None, bool]:
+            return context.get(), free_now(server, key)
+
+        assert run.apply().get() == ("in context", False), base
+        assert run() == ("in context", False), base
+        assert free_now(server, key)
+
+
 def test_config_only_locking_keeps_a_tasks_own_apply_async(server: ServerThread) -> None:
     """A task locked by ``dflock_task_locks`` alone keeps its class's own ``apply_async`` (a
     multi-tenant app's ``task_cls`` adds the tenant's header there); `LockedTask`'s called
