@@ -371,7 +371,7 @@ class Session:
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if not self.host.may_hold(name):
-            return self._unconfirmed(name)
+            return self._unconfirmed(name, token)
         journal = self.grants.journal
         if journal is not None and not journal.writable and not journal.mark_removed:
             # Answered unrecorded only once the journal's complete mark is gone: else a
@@ -387,15 +387,17 @@ class Session:
             return _refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
 
-    def _unconfirmed(self, name: str) -> Reply:
-        """A renewal of ``name`` this cluster member may not confirm now. ``error_unavailable``
-        while it cannot tell whether it serves the key (it has not raised its fencing counter
-        for the shard since it started, or it lost etcd): the grant may well be the holder's,
-        who asks again while its lease runs. ``error`` when the shard is another member's:
-        the holder sees the loss."""
+    def _unconfirmed(self, name: str, token: str) -> Reply:
+        """A renewal of ``token`` on ``name`` this cluster member may not confirm now.
+        ``error_unavailable`` while it cannot tell whether it serves the key (it has not
+        raised its fencing counter for the shard since it started, or it lost etcd) and the
+        token holds it here: the holder asks again while its lease runs. ``error`` when the
+        shard is another member's, or the token holds nothing here: the holder sees the loss."""
         check = self.host.key_check
         unavailable = check is not None and check(name) == p.REPLY_ERROR_UNAVAILABLE
-        return p.REPLY_ERROR_UNAVAILABLE if unavailable else p.REPLY_ERROR
+        if unavailable and self.table.holds(name, token):
+            return p.REPLY_ERROR_UNAVAILABLE
+        return p.REPLY_ERROR
 
     def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         limit: int | None = None

@@ -149,9 +149,13 @@ def test_a_key_not_served_is_refused_before_the_table_is_touched(table: LockTabl
     host.key_check = lambda key: p.REPLY_ERROR_UNAVAILABLE  # swapped: counts from now on
     assert ask(s, b"l", b"mine", b"0") == p.REPLY_ERROR_UNAVAILABLE
     assert ask(s, b"n", b"mine", token) == f"ok {LEASE}\n".encode()  # no check on renew
-    host.renewals_ok = False
+    host.renewals_ok = False  # a fenced member: it cannot tell whether the grant is still its
+    assert ask(s, b"n", b"mine", token) == p.REPLY_ERROR_UNAVAILABLE  # (the holder asks again)
+    host.key_check = lambda key: moved  # the shard is another's: the grant is lost
     assert ask(s, b"n", b"mine", token) == p.REPLY_ERROR
-    assert ask(s, b"r", b"mine", token) == p.REPLY_OK  # nor on release
+    host.key_check = lambda key: p.REPLY_ERROR_UNAVAILABLE
+    assert ask(s, b"r", b"mine", token) == p.REPLY_OK  # no check on release
+    assert ask(s, b"n", b"mine", token) == p.REPLY_ERROR  # a token that holds nothing here
 
 
 def test_shards_is_answered_by_the_host_even_while_draining(table: LockTable) -> None:
