@@ -92,8 +92,6 @@ class ServerReport:
     @property
     def degraded(self) -> list[tuple[str, str, str]]:
         """(name, severity, "Title: message") of each degraded state ``stats`` lists."""
-        if self.stats is None:
-            return []
         found: list[tuple[str, str, str]] = []
         for item in _items(self.stats, "degraded"):
             name, severity = item.get("name"), item.get("severity")
@@ -218,8 +216,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
-def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    raw = stats.get(name, [])
+def _items(stats: dict[str, Any] | None, name: str) -> list[dict[str, Any]]:
+    """The JSON objects listed under ``name`` in ``stats`` (none when it has no ``stats``)."""
+    raw = (stats or {}).get(name, [])
     return [cast(dict[str, Any], item) for item in cast(list[Any], raw) if isinstance(item, dict)]
 
 
@@ -247,8 +246,6 @@ def _shown(text: str) -> str:
     each character that is not printable (a backspace, an escape, a bidi override) written
     as Python writes it (``\\x08``), so nothing a client sent moves the cursor or hides a
     row; ``--json`` has the text exactly."""
-    if text.isprintable():
-        return text
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
@@ -300,19 +297,11 @@ def format_status(reports: Sequence[ServerReport]) -> str:
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
         waiters = sum(int(i.get("waiters", 0)) for i in (*locks, *sems))
+        counts = (rep.stats.get("connections", "?"), rep.stats.get("sessions", "-"))
+        counts += (len(locks), len(sems), waiters)
         states = [_SHORT.get(name, name) for name, _, _ in rep.degraded]
-        rows.append(
-            [
-                rep.address,
-                "yes",
-                str(rep.stats.get("connections", "?")),
-                str(rep.stats.get("sessions", "-")),
-                str(len(locks)),
-                str(len(sems)),
-                str(waiters),
-                "; ".join([*states, rep.note] if rep.note else states),
-            ]
-        )
+        note = "; ".join([*states, rep.note] if rep.note else states)
+        rows.append([rep.address, "yes", *map(str, counts), note])
     header = ["server", "reachable", "connections", "sessions", "locks", "semaphores"]
     header += ["waiters", "note"]
     lines = _table(header, rows)
@@ -330,8 +319,6 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     while its message waits under a publish-time hold. A note column marks restored leases."""
     rows: list[list[str]] = []
     for rep in reports:
-        if rep.stats is None:
-            continue
         for lock in _items(rep.stats, "locks"):
             lease = lock.get("lease_expires_in_s")
             held = _with_holder(lock)
@@ -353,20 +340,10 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                 ]
             )
         for sem in _items(rep.stats, "semaphores"):
-            rows.append(
-                [
-                    rep.address,
-                    _shown(str(sem.get("key", "?"))),
-                    f"semaphore/{sem.get('limit', '?')}",
-                    "-",
-                    str(sem.get("holders", "?")),
-                    str(sem.get("waiters", 0)),
-                    "-",
-                    "-",
-                    "-",
-                    "",
-                ]
-            )
+            key = _shown(str(sem.get("key", "?")))
+            kind = f"semaphore/{sem.get('limit', '?')}"
+            counts = [str(sem.get("holders", "?")), str(sem.get("waiters", 0))]
+            rows.append([rep.address, key, kind, "-", *counts, "-", "-", "-", ""])
     if rows:
         header = [
             "server",
@@ -572,8 +549,6 @@ def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> dict[str, 
     """By server, the keys its ``stats`` listed that start with ``prefix``, sorted."""
     found: dict[str, list[str]] = {}
     for rep in reports:
-        if rep.stats is None:
-            continue
         items = (*_items(rep.stats, "locks"), *_items(rep.stats, "semaphores"))
         keys = {k for i in items if isinstance(k := i.get("key"), str) and k.startswith(prefix)}
         if keys:
@@ -652,18 +627,12 @@ def release(
                     done += release_keys(one, keys, note)
     except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
         raise click.UsageError(str(exc)) from exc
-    failed = [(k, why) for k, why in done if isinstance(why, str)]
+    failed = {k: why for k, why in done if isinstance(why, str)}
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "released": {k: n for k, n in done if isinstance(n, int)},
-                    "failed": dict(failed),
-                    "unlisted_servers": {r.address: r.note for r in unreachable},
-                },
-                indent=2,
-            )
-        )
+        released = {k: n for k, n in done if isinstance(n, int)}
+        unlisted = {r.address: r.note for r in unreachable}
+        report = {"released": released, "failed": failed, "unlisted_servers": unlisted}
+        click.echo(json.dumps(report, indent=2))
     else:
         lines: list[str] = []
         for freed, result in done:
@@ -677,8 +646,7 @@ def release(
         if purge and not done:
             where = " on the servers listed" if unreachable else ""
             lines.append(f"no held key starts with {prefix!r}{where}")
-        for rep in unreachable:
-            lines.append(f"{rep.address}: its keys could not be listed: {rep.note}")
+        lines += [f"{rep.address}: its keys could not be listed: {rep.note}" for rep in unreachable]
         click.echo("\n".join(lines))
     if failed or unreachable:
         ctx.exit(1)
