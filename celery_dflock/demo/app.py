@@ -46,15 +46,9 @@ def _name() -> str:
 def _broker_options(broker: str) -> dict[str, Any]:
     if not broker.startswith("filesystem://"):
         return {}
-    folder = _env("DFLOCK_DEMO_BROKER_DIR")
-    return {
-        "data_folder_in": folder,
-        "data_folder_out": folder,
-        "processed_folder": folder,
-        "control_folder": folder,
-        "store_processed": False,
-        "polling_interval": 0.05,
-    }
+    folders = ("data_folder_in", "data_folder_out", "processed_folder", "control_folder")
+    options = dict.fromkeys(folders, _env("DFLOCK_DEMO_BROKER_DIR"))  # one scratch folder
+    return {**options, "store_processed": False, "polling_interval": 0.05}
 
 
 _BROKER = os.environ.get("DFLOCK_DEMO_BROKER", "filesystem://")

@@ -286,8 +286,7 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
                 )
             stop.sleep(0.25)
         out.write("\n\n" if interactive else "\n")
-        out.write(render(verdict))
-        out.write("\n")
+        out.write(f"{render(verdict)}\n")
         standby = [
             f"beat-{i}" for i in range(1, BEATS + 1) if f"beat-{i}" not in verdict.beat_sends
         ]

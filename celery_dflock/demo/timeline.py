@@ -127,8 +127,7 @@ def render(verdict: Verdict, width: int = 60) -> str:
     runs = verdict.runs
     if runs:
         t0 = min(r.start for r in runs)
-        t1 = max(r.end for r in runs)
-        span = max(t1 - t0, 1e-6)
+        span = max(max(r.end for r in runs) - t0, 1e-6)
         scale = (width - 1) / span
         label_w = max(len(r.key) for r in runs)
         lines.append(f"{'key':<{label_w}}  |{'time ->':<{width}}| run (worker, fence)")
