@@ -165,24 +165,22 @@ def collect_shards(config: DflockConfig) -> list[ServerShards]:
 
 def shards_json(answers: Sequence[ServerShards]) -> list[dict[str, Any]]:
     """`collect_shards` for ``--json``."""
-    out: list[dict[str, Any]] = []
-    for answer in answers:
-        info = answer.shards
-        if info is None:
-            out.append({"server": answer.address, "error": answer.error})
-            continue
-        out.append(
-            {
-                "server": answer.address,
-                "mode": info.mode,
-                "self": info.self_address,
-                "members": list(info.members),
-                "leader": info.leader,
-                "shards_per_member": info.shards_per_member(),
-                "moving": len(info.moving),
-            }
-        )
-    return out
+    return [_shard_json(answer) for answer in answers]
+
+
+def _shard_json(answer: ServerShards) -> dict[str, Any]:
+    info = answer.shards
+    if info is None:
+        return {"server": answer.address, "error": answer.error}
+    return {
+        "server": answer.address,
+        "mode": info.mode,
+        "self": info.self_address,
+        "members": list(info.members),
+        "leader": info.leader,
+        "shards_per_member": info.shards_per_member(),
+        "moving": len(info.moving),
+    }
 
 
 def format_shards(answers: Sequence[ServerShards]) -> str:
@@ -320,25 +318,17 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     rows: list[list[str]] = []
     for rep in reports:
         for lock in _items(rep.stats, "locks"):
+            key = _shown(str(lock.get("key", "?")))
             lease = lock.get("lease_expires_in_s")
+            left = "-" if lease is None else f"{float(lease):.1f}s"
             held = _with_holder(lock)
-            host = held["holder_host"] or ("queued" if held["holder_task_id"] else "-")
             beat = held["holder_beat_pid"]
             name = f"celery beat, pid {beat}" if beat is not None else held["holder_task_name"]
-            rows.append(
-                [
-                    rep.address,
-                    _shown(str(lock.get("key", "?"))),
-                    "lock",
-                    "-" if lease is None else f"{float(lease):.1f}s",
-                    "1",
-                    str(lock.get("waiters", 0)),
-                    _shown(name or "-"),
-                    _shown(held["holder_task_id"] or "-"),
-                    _shown(host),
-                    RESTORED_MARK if lock.get("restored") is True else "",
-                ]
-            )
+            host = held["holder_host"] or ("queued" if held["holder_task_id"] else "-")
+            holder = [_shown(name or "-"), _shown(held["holder_task_id"] or "-"), _shown(host)]
+            note = RESTORED_MARK if lock.get("restored") is True else ""
+            counts = ["1", str(lock.get("waiters", 0))]
+            rows.append([rep.address, key, "lock", left, *counts, *holder, note])
         for sem in _items(rep.stats, "semaphores"):
             key = _shown(str(sem.get("key", "?")))
             kind = f"semaphore/{sem.get('limit', '?')}"
@@ -440,8 +430,7 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
     for name, answer in sorted(workers.items()):
         retries = _number(answer.get("outage_retries")) or 0
         line = f"{name}: {retries:.0f} outage retries"
-        last = _number(answer.get("last_outage_retry_at"))
-        if last is not None:
+        if (last := _number(answer.get("last_outage_retry_at"))) is not None:
             longest = _number(answer.get("longest_outage_s")) or 0
             line += f" (last {now - last:.0f} s ago, longest outage {longest:.0f} s)"
         since = answer.get("unreachable_since")
@@ -503,21 +492,17 @@ def ping(ctx: click.Context, as_json: bool) -> None:
 def format_ping(reports: Sequence[ServerReport]) -> str:
     """One line per server: ``ok`` (and any state in which some keys wait), or why it grants
     nothing new, or ``UNREACHABLE``."""
-    lines: list[str] = []
-    for rep in reports:
-        if not rep.reachable:
-            lines.append(f"{rep.address}: UNREACHABLE: {rep.note}")
-            continue
-        note = f" ({rep.note})" if rep.note else ""
-        failing = [line for _, _, line in rep.failing]
-        if failing:
-            lines.append(
-                f"{rep.address}: answers, but grants nothing new{note}: " + "; ".join(failing)
-            )
-        else:
-            waits = [line for _, severity, line in rep.degraded if severity != DEGRADED_ERROR]
-            lines.append(f"{rep.address}: ok{note}" + "".join(f"; {w}" for w in waits))
-    return "\n".join(lines)
+    return "\n".join(_ping_line(rep) for rep in reports)
+
+
+def _ping_line(rep: ServerReport) -> str:
+    if not rep.reachable:
+        return f"{rep.address}: UNREACHABLE: {rep.note}"
+    note = f" ({rep.note})" if rep.note else ""
+    if failing := [line for _, _, line in rep.failing]:
+        return f"{rep.address}: answers, but grants nothing new{note}: " + "; ".join(failing)
+    waits = [line for _, severity, line in rep.degraded if severity != DEGRADED_ERROR]
+    return f"{rep.address}: ok{note}" + "".join(f"; {w}" for w in waits)
 
 
 @_command
