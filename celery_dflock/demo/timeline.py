@@ -97,8 +97,7 @@ def judge(events: Iterable[Event]) -> Verdict:
         if ev.kind == "start":
             starts[(ev.key, ev.task_id, ev.fence)] = ev
         elif ev.kind == "end":
-            begun = starts.pop((ev.key, ev.task_id, ev.fence), None)
-            if begun is not None:
+            if (begun := starts.pop((ev.key, ev.task_id, ev.fence), None)) is not None:
                 verdict.runs.append(
                     Run(ev.key, ev.task_id, ev.fence, begun.t, ev.t, begun.worker or ev.worker)
                 )
