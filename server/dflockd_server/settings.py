@@ -11,33 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from dflockd_server.values import (
-    check_auto,
-    check_cluster,
-    check_event_loop,
-    check_fsync,
-    check_lease,
-    check_log_level,
-    check_member,
-    check_members,
-    check_non_negative,
-    check_nothing,
-    check_port,
-    check_positive,
-    check_readable_file,
-    parse_auto_int,
-    parse_bool,
-    parse_cluster,
-    parse_event_loop,
-    parse_float,
-    parse_fsync,
-    parse_grace,
-    parse_int,
-    parse_log_level,
-    parse_member,
-    parse_members,
-    parse_str,
-)
+from dflockd_server import values as v
 
 __all__ = ["BY_FIELD", "ETCD_ACCESS", "SETTINGS", "TOPICS", "Setting", "names"]
 
@@ -91,15 +65,15 @@ class Setting:
 
 
 # (parse, check) pairs that several settings share
-_TEXT = (parse_str, check_nothing)
-_FILE = (parse_str, check_readable_file)
-_COUNT = (parse_int, check_non_negative)
+_TEXT = (v.parse_str, v.check_nothing)
+_FILE = (v.parse_str, v.check_readable_file)
+_COUNT = (v.parse_int, v.check_non_negative)
 """A cap or a count (0: no cap, or none)."""
-_POSITIVE_INT = (parse_int, check_positive)
-_LEASE = (parse_int, check_lease)
-_PORT = (parse_int, check_port)
-_SECONDS = (parse_float, check_positive)
-_SECONDS_OR_0 = (parse_float, check_non_negative)
+_POSITIVE_INT = (v.parse_int, v.check_positive)
+_LEASE = (v.parse_int, v.check_lease)
+_PORT = (v.parse_int, v.check_port)
+_SECONDS = (v.parse_float, v.check_positive)
+_SECONDS_OR_0 = (v.parse_float, v.check_non_negative)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -115,8 +89,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "restart_grace_s",
-        parse_grace,
-        check_auto,
+        v.parse_grace,
+        v.check_auto,
         "after a start, grant no key for this long, so leases granted by the previous server "
         "end first (auto: none where the state dir's journal tells what the previous run "
         "granted; else the longest lease it recorded, or max_lease_ttl when none is known; "
@@ -149,8 +123,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "auto_release_on_disconnect",
-        parse_bool,
-        check_nothing,
+        v.parse_bool,
+        v.check_nothing,
         "end a connection's grants when its peer closes it: at once, or --session-ttl later "
         "for a session connection (1/yes/true, 0/no/false: they run to their lease's end)",
     ),
@@ -181,8 +155,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_locks_per_ip",
-        parse_auto_int,
-        check_auto,
+        v.parse_auto_int,
+        v.check_auto,
         "most locks and semaphore slots the connections from one client address hold at once "
         "together, their queued acquires counted as held; past it an acquire gets "
         "`error_max_locks`. It keeps one address from taking every key (auto: 3/4 of "
@@ -240,8 +214,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "journal_fsync",
-        parse_fsync,
-        check_fsync,
+        v.parse_fsync,
+        v.check_fsync,
         "when the lease journal (in --state-dir) reaches the disk: `always` (before each reply "
         "that grants), `everysec` (once a second: a crash of the machine may lose the last "
         "second's grants; a crash of the server loses nothing) or `no` (when the OS decides)",
@@ -249,16 +223,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "log_level",
-        parse_log_level,
-        check_log_level,
+        v.parse_log_level,
+        v.check_log_level,
         "debug, info, warning, error or critical",
         "LEVEL",
         common=True,
     ),
     Setting(
         "event_loop",
-        parse_event_loop,
-        check_event_loop,
+        v.parse_event_loop,
+        v.check_event_loop,
         "auto (uvloop when it is installed, as dflockd-server installs it but on Windows; else "
         "asyncio's), asyncio or uvloop",
         "LOOP",
@@ -275,8 +249,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "members",
-        parse_members,
-        check_members,
+        v.parse_members,
+        v.check_members,
         "static members: every lock server of the fleet as HOST:PORT,HOST:PORT,... in the "
         "order the clients list them (dflock_servers); this server then serves only the keys "
         "the clients' crc32 sharding gives to --advertise and answers `error_moved <owner>` "
@@ -286,8 +260,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "advertise",
-        parse_member,
-        check_member,
+        v.parse_member,
+        v.check_member,
         "this server's HOST:PORT as clients and the other members name it (one of --members; "
         "needed with --members or --cluster)",
         "HOST:PORT",
@@ -295,8 +269,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cluster",
-        parse_cluster,
-        check_cluster,
+        v.parse_cluster,
+        v.check_cluster,
         "cluster mode: `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (default prefix /dflockd), "
         "`etcds://...` to reach etcd over TLS: the etcd cluster holding the fixed shard map and "
         "the live members. List every etcd endpoint: a request that one does not answer within "
