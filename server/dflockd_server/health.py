@@ -11,16 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dflockd_server import constants as c
 from dflockd_server.config import Config
-from dflockd_server.constants import (
-    CMD_AUTH,
-    CMD_PING,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    MAX_LINE_BYTES,
-    PLACEHOLDER,
-    STATUS_OK,
-)
 from dflockd_server.settings import BY_FIELD
 
 CHECK_TIMEOUT_S = 2.0
@@ -29,14 +21,14 @@ _WILDCARD_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 def _request(sock: socket.socket, command: str, argument: str) -> str:
-    sock.sendall(f"{command}\n{PLACEHOLDER}\n{argument}\n".encode())
+    sock.sendall(f"{command}\n{c.PLACEHOLDER}\n{argument}\n".encode())
     reply = b""
     while not reply.endswith(b"\n"):
-        chunk = sock.recv(MAX_LINE_BYTES + 1)
+        chunk = sock.recv(c.MAX_LINE_BYTES + 1)
         if not chunk:
             raise ConnectionError("the server closed the connection")
         reply += chunk
-        if len(reply) > MAX_LINE_BYTES:
+        if len(reply) > c.MAX_LINE_BYTES:
             raise ConnectionError("the server's reply is longer than a protocol line")
     return reply.decode("utf-8", "replace").strip()
 
@@ -44,21 +36,20 @@ def _request(sock: socket.socket, command: str, argument: str) -> str:
 def check(host: str, port: int, auth_token: str | None, tls: bool) -> str | None:
     """Ping the server; return None when healthy, else a one-line reason."""
     try:
-        raw = socket.create_connection((host, port), timeout=CHECK_TIMEOUT_S)
-        sock: socket.socket = raw
+        sock = socket.create_connection((host, port), timeout=CHECK_TIMEOUT_S)
         if tls:
             # The check runs beside the server: it verifies liveness, not the certificate.
             ctx = ssl.create_default_context()
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-            sock = ctx.wrap_socket(raw, server_hostname=host)
+            sock = ctx.wrap_socket(sock, server_hostname=host)
         with sock:
             if auth_token:
-                answer = _request(sock, CMD_AUTH, auth_token)
-                if answer != STATUS_OK:
+                answer = _request(sock, c.CMD_AUTH, auth_token)
+                if answer != c.STATUS_OK:
                     return f"auth refused: {answer!r}"
-            answer = _request(sock, CMD_PING, PLACEHOLDER)
-            if answer != STATUS_OK:
+            answer = _request(sock, c.CMD_PING, c.PLACEHOLDER)
+            if answer != c.STATUS_OK:
                 return f"ping answered {answer!r}"
     except OSError as exc:
         return f"{host}:{port} unreachable: {exc}"
@@ -72,18 +63,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
     try:
-        bound: str = _setting(env, "host") or DEFAULT_HOST
+        bound: str = _setting(env, "host") or c.DEFAULT_HOST
         host = args[0] if args else _WILDCARD_LOOPBACK.get(bound, bound)
         port = BY_FIELD["port"].take(args[1], "port") if len(args) > 1 else _setting(env, "port")
-        given = Config(
+        token = Config(  # the file read as the server reads it
             auth_token=_setting(env, "auth_token"), auth_token_file=_setting(env, "auth_token_file")
-        )
-        token = given.resolve_auth_token()  # the file read as the server reads it
+        ).resolve_auth_token()
     except (ValueError, OSError) as exc:
         print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
         return 1
     tls = _setting(env, "tls_cert") is not None
-    problem = check(host, DEFAULT_PORT if port is None else port, token, tls)
+    problem = check(host, c.DEFAULT_PORT if port is None else port, token, tls)
     if problem is not None:
         print(f"dflockd health: {problem}", file=sys.stderr)
         return 1
