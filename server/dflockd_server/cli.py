@@ -15,14 +15,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from dflockd_server import __version__, buildinfo
+from dflockd_server import __version__, buildinfo, constants as c
 from dflockd_server.config import Config, ConfigError, only_with
-from dflockd_server.constants import (
-    CLUSTER_COMMAND_HELP,
-    FD_HEADROOM,
-    FLAGS_DOCS_URL,
-    PROTOCOL_DOCS_URL,
-)
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError
@@ -62,7 +56,7 @@ def default_text(setting: Setting) -> str:
 
 def _commands_text() -> str:
     lines = ["commands (dflockd COMMAND --cluster etcd://HOST:PORT[/PREFIX] ...):"]
-    for name, (arguments, meaning) in CLUSTER_COMMAND_HELP.items():
+    for name, (arguments, meaning) in c.CLUSTER_COMMAND_HELP.items():
         lines.append(f"  {f'{name} {arguments}'.rstrip():<36}{meaning}")
     lines.append("  (dflockd COMMAND --help: the command's own flags)")
     return "\n".join(lines) + "\n"
@@ -99,8 +93,8 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
             "       dflockd COMMAND --cluster URL [ARG ...]  operate a cluster (the commands below)"
         ),
         epilog=(
-            f"The wire protocol:\n  {PROTOCOL_DOCS_URL}\n"
-            f"Every flag and environment variable:\n  {FLAGS_DOCS_URL}\n"
+            f"The wire protocol:\n  {c.PROTOCOL_DOCS_URL}\n"
+            f"Every flag and environment variable:\n  {c.FLAGS_DOCS_URL}\n"
             "Example: dflockd --port 7000"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -236,7 +230,7 @@ def make_room_for_connections(max_connections: int) -> str | None:
     limit allows); a warning when it falls short."""
     if not max_connections:
         return None
-    needed = max_connections + FD_HEADROOM
+    needed = max_connections + c.FD_HEADROOM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return None
@@ -314,7 +308,6 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
     host, port = server.sockname
     shown = config.effective_settings()
     shown["state_dir"] = server.state.path if server.state is not None else NO_STATE
-    settings = " ".join(f"{k}={v}" for k, v in shown.items())
     log.info(
         "dflockd listening on %s:%d (tls %s, auth %s, loop %s, build %s); settings: %s",
         host,
@@ -323,7 +316,7 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
         "on" if server.secret is not None else "off",
         loop_name(asyncio.get_running_loop()),
         buildinfo.BUILD,
-        settings,
+        " ".join(f"{k}={v}" for k, v in shown.items()),
     )
     if server.metrics_address is not None:
         log.info("metrics on http://%s:%d/metrics", *server.metrics_address)
@@ -380,7 +373,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """``dflockd [flags]`` serves; ``dflockd COMMAND --cluster URL ...`` operates a cluster."""
     env = os.environ if environ is None else environ
     words = sys.argv[1:] if argv is None else list(argv)
-    if words and words[0] in CLUSTER_COMMAND_HELP:
+    if words and words[0] in c.CLUSTER_COMMAND_HELP:
         # Imported here: a serving dflockd does not load the etcd client (http.client).
         from dflockd_server.cluster.ops import cluster_command
 
@@ -389,8 +382,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = load_config(argv, env)
         loop_factory = _loop_factory(config.event_loop)
     except UsageError as exc:
-        print(f"dflockd: error: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from None
+        _fail(str(exc), EXIT_USAGE)
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -400,15 +392,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve(config, env, words))
     except (FenceStateError, MetricsError, ConfigError) as exc:
-        print(f"dflockd: error: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_RUNTIME) from None
+        _fail(str(exc), EXIT_RUNTIME)
     except OSError as exc:
-        print(
-            f"dflockd: error: cannot serve on {config.host}:{config.port}: {exc}", file=sys.stderr
-        )
-        raise SystemExit(EXIT_RUNTIME) from None
+        _fail(f"cannot serve on {config.host}:{config.port}: {exc}", EXIT_RUNTIME)
     except KeyboardInterrupt:
         pass
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """Print ``message`` as dflockd's error and exit with ``code``."""
+    print(f"dflockd: error: {message}", file=sys.stderr)
+    raise SystemExit(code) from None
 
 
 __all__ = ["UsageError", "build_parser", "load_config", "main"]
