@@ -222,15 +222,11 @@ class MetricsExporter:
 
     def collect(self) -> Iterator[Any]:
         """One scrape's families (the registry's collector: ``start`` registers this)."""
-        from prometheus_client.core import (
-            CounterMetricFamily as Counter,
-            GaugeMetricFamily as Gauge,
-            HistogramMetricFamily,
-        )
+        from prometheus_client.core import HistogramMetricFamily
 
         snap = run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)  # on the server's loop
         for name, doc, values, counter in snap.by_kind:
-            family = (Counter if counter else Gauge)(f"dflockd_{name}", doc, labels=["kind"])
+            family = _family(name, doc, counter, labels=["kind"])
             for kind, value in zip(("lock", "semaphore"), values, strict=True):
                 family.add_metric([kind], value)
             yield family
@@ -284,11 +280,15 @@ def _bound_connections(http: Any) -> None:
     )
 
 
-def _single_valued(rows: list[Row]) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily as Counter, GaugeMetricFamily as Gauge
+def _family(name: str, doc: str, counter: bool, **how: Any) -> Any:
+    """The counter (else gauge) family ``dflockd_<name>``; ``how``: its ``labels`` or ``value``."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    for name, doc, value, counter in rows:
-        yield (Counter if counter else Gauge)(f"dflockd_{name}", doc, value=value)
+    return (CounterMetricFamily if counter else GaugeMetricFamily)(f"dflockd_{name}", doc, **how)
+
+
+def _single_valued(rows: list[Row]) -> Iterator[Any]:
+    return (_family(name, doc, counter, value=value) for name, doc, value, counter in rows)
 
 
 def _journal_families(stats: JournalStats, writable: bool) -> Iterator[Any]:
@@ -317,13 +317,12 @@ def _journal_families(stats: JournalStats, writable: bool) -> Iterator[Any]:
 
 
 def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
-    from prometheus_client.core import GaugeMetricFamily as Gauge
-
-    shards = Gauge(
-        "dflockd_cluster_shards",
+    shards = _family(
+        "cluster_shards",
         "Shards by what this member does with them now: serving, moving_out, taking_over, "
         "failing_over (waiting for a gone member's leases, or released to it), other (another "
         "member's), unavailable (no assignment, or every shard while fenced).",
+        counter=False,
         labels=["state"],
     )
     for state, count in stats.shards.items():
