@@ -42,12 +42,9 @@ class TlsSession:
             self.handshake_done = True
         chunks: list[bytes] = []
         try:
-            while True:
-                chunk = self._object.read(READ_CHUNK)
-                if not chunk:  # a close_notify (nothing to read yet raises SSLWantReadError)
-                    self.peer_closed = True
-                    break
+            while chunk := self._object.read(READ_CHUNK):
                 chunks.append(chunk)
+            self.peer_closed = True  # a close_notify (nothing to read yet raises SSLWantReadError)
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLZeroReturnError:
