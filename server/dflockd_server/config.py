@@ -125,9 +125,7 @@ class Config:
     def __post_init__(self) -> None:
         for setting in SETTINGS:
             value = getattr(self, setting.field)
-            if value is None:
-                continue
-            problem = setting.check(value)
+            problem = None if value is None else setting.check(value)
             if problem is not None:
                 raise ConfigError(f"{setting.field}={value!r} ({names(setting.field)}): {problem}")
         check_pairs(partial(getattr, self), *_SERVER_PAIRS)

@@ -187,9 +187,7 @@ def _seconds(value: object) -> str | None:
 
 def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
     raw = stats.get(name)
-    if not isinstance(raw, list):
-        return []
-    listed = cast("list[Any]", raw)
+    listed = cast("list[Any]", raw) if isinstance(raw, list) else []
     return [cast("dict[str, Any]", item) for item in listed if isinstance(item, dict)]
 
 
