@@ -18,16 +18,13 @@ class ConfigError(ValueError):
 _MEMBERS = names("members")
 _ADVERTISE = names("advertise")
 _CLUSTER = names("cluster")
-_EITHER = (("auth_token", "auth_token_file"), ("cluster_password", "cluster_password_file"))
-"""Settings of which one may be given, not both."""
-_TOGETHER = (("tls_cert", "tls_key"), ("cluster_cert", "cluster_key"))
-"""Settings given both or neither."""
-_SERVER_PAIRS = (_EITHER[:1], _TOGETHER[:1])
-"""The pairs checked with the server's own settings; etcd's (the rest) with etcd's access,
-once ``--cluster`` is known to be given (and ``etcds://`` for the TLS files)."""
-_ETCD_PAIRS = (_EITHER[1:], _TOGETHER[1:])
-ETCD_PASSWORDS: Final = _EITHER[1:]
+_SERVER_PAIRS = ((("auth_token", "auth_token_file"),), (("tls_cert", "tls_key"),))
+"""``check_pairs``' ``either`` and ``together`` of the server's own settings."""
+ETCD_PASSWORDS: Final = (("cluster_password", "cluster_password_file"),)
 """etcd's password, given one way only (the cluster commands check it too)."""
+_ETCD_PAIRS = (ETCD_PASSWORDS, (("cluster_cert", "cluster_key"),))
+"""Those of etcd's access, checked once ``--cluster`` is known to be given (and ``etcds://``
+for the TLS files)."""
 
 
 def check_pairs(
