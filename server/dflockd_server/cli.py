@@ -72,7 +72,6 @@ class _ShowAndExit(argparse.Action):
         self.show = show
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        del args, kwargs
         sys.stdout.write(self.show())
         parser.exit()
 

@@ -78,8 +78,7 @@ class StatusPage:
         if environ.get("REQUEST_METHOD") not in {"GET", "HEAD"}:
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
             return [b""]
-        query = parse_qs(str(environ.get("QUERY_STRING", "")))
-        refresh = _refresh(query.get("refresh", [""])[0])
+        refresh = _refresh(parse_qs(str(environ.get("QUERY_STRING", ""))).get("refresh", [""])[0])
         try:
             stats = self.snapshot()
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:
