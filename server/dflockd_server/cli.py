@@ -12,7 +12,7 @@ import os
 import resource  # Unix only, as fcntl (state.py), which the server needs too
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from dflockd_server import __version__, buildinfo, constants as c
@@ -250,18 +250,17 @@ def make_room_for_connections(max_connections: int) -> str | None:
 
 def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
-) -> list[str]:
-    warnings: list[str] = []
+) -> Iterator[str]:
     # (even where DFLOCKD_AUTH_TOKEN wins over it: the flag's secret is still on show)
     if any(arg == "--auth-token" or arg.startswith("--auth-token=") for arg in argv):
-        warnings.append(
+        yield (
             "the auth token was given with --auth-token, so every local user can read it in "
             "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"
         )
-    warnings.extend(_overridden(argv, environ))
+    yield from _overridden(argv, environ)
     state = config.fence_state_file
     if state is None and resolve_state_dir(config, environ) is None and config.port != 0:
-        warnings.append(
+        yield (
             "no state directory (--state-dir none): a restart forgets every lock (the next "
             "start grants nothing for max_lease_ttl_s, so that no key is granted twice) and "
             "fencing tokens start from the wall clock, so a clock set back between two runs "
@@ -269,36 +268,33 @@ def _start_up_warnings(
             "persistent volume"
         )
     elif state is not None and not os.path.exists(state):
-        warnings.append(
+        yield (
             f"fence state file {state!r} does not exist yet; it is created now. If this server "
             "ran before with another file (or a lost volume), fences may be smaller than those "
             "it handed out then"
         )
-    return warnings
 
 
-def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> Iterator[str]:
     """A flag given another value by its environment variable, which wins (the image sets
     ``DFLOCKD_HOST``, ``DFLOCKD_PORT`` and ``DFLOCKD_STATE_DIR``)."""
     args = vars(build_parser().parse_args(argv))
-    warnings: list[str] = []
     for setting in SETTINGS:
         given, raw_env = args.get(setting.field), setting.in_environment(environ)
         if not isinstance(given, str) or raw_env is None:
             continue
         name, text = raw_env
         if setting.take(given, setting.flag) != setting.take(text, name):
-            warnings.append(
+            yield (
                 f"{setting.flag} {given!r} is not used: the environment variable "
                 f"{name}={text!r} wins over the flag; unset it, or give the value there"
             )
-    return warnings
 
 
 async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str]) -> None:
     """Run until SIGTERM, SIGINT or SIGHUP, then shut down gracefully (a second one ends the
     drain at once)."""
-    warnings = _start_up_warnings(config, environ, argv)  # before the state file is written
+    warnings = list(_start_up_warnings(config, environ, argv))  # before the state file is written
     room = make_room_for_connections(config.max_connections)  # raises the open-file limit
     if room is not None:
         warnings.append(room)
