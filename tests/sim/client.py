@@ -194,7 +194,7 @@ class SimClient:
         self,
         loop: Loop,
         proc: Process,
-        connect: Callable[[SimClient, Callable[[ClientConn | None, bool], None]], None],
+        connect: Callable[[SimClient, float, Callable[[ClientConn | None, bool], None]], None],
         ip: str,
         keys: list[str],
         holds: list[Hold],
@@ -287,9 +287,16 @@ class SimClient:
         """A connection to the lock's server (`dial`)."""
         self.dial(self.server_address(), done)
 
-    def dial(self, address: str, done: Callable[[ClientConn | None, bool], None]) -> None:
+    def dial(
+        self,
+        address: str,
+        done: Callable[[ClientConn | None, bool], None],
+        within: float | None = None,
+    ) -> None:
         """``AsyncConnection.connect``: a connection to ``address`` that said ``hello`` and
-        joined the current session there; ``done(None, refused)`` when it could not be made."""
+        joined the current session there; ``done(None, refused)`` when it could not be made.
+        ``within``: its endpoint's ``connect_timeout_s`` cut shorter (the keep-alive's)."""
+        timeout = self.endpoint.connect_timeout_s if within is None else within
 
         def made(conn: ClientConn | None, refused: bool) -> None:
             if conn is None:
@@ -299,14 +306,16 @@ class SimClient:
             if self.info is None or not self.info.keeps_sessions:
                 # As `connect`: a connection that joins no session opts in with ``hello``,
                 # whose answer tells what a restarted server keeps now.
-                self._hello(conn, done)
+                self._hello(conn, done, timeout)
             else:
-                self._join(conn, done)
+                self._join(conn, done, timeout)
 
         self.aim = address
-        self._connect(self, made)
+        self._connect(self, timeout, made)
 
-    def _hello(self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None]) -> None:
+    def _hello(
+        self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None], timeout: float
+    ) -> None:
         def answered(reply: Reply | None) -> None:
             if reply is None:
                 done(None, False)
@@ -317,11 +326,16 @@ class SimClient:
                 conn.close()
                 done(None, False)
                 return
-            self._join(conn, done)
+            self._join(conn, done, timeout)
 
-        conn.request(Command.HELLO, _requests.HELLO_REQUEST, 10.0, answered)
+        conn.request(Command.HELLO, _requests.HELLO_REQUEST, min(10.0, timeout), answered)
 
-    def _join(self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None]) -> None:
+    def _join(
+        self,
+        conn: ClientConn,
+        done: Callable[[ClientConn | None, bool], None],
+        timeout: float = 5.0,
+    ) -> None:
         """``AsyncConnection.rejoin``: ``conn`` joins the current session with its server (a
         new connection's, and a grant's confirmation)."""
         info = self.info
@@ -355,9 +369,8 @@ class SimClient:
                 conn.session = session
             done(conn, False)
 
-        conn.request(
-            Command.HELLO, _requests.encode_join_session(session.id, session.ttl), 5.0, answered
-        )
+        data = _requests.encode_join_session(session.id, session.ttl)
+        conn.request(Command.HELLO, data, min(5.0, timeout), answered)
 
     def _leave(
         self,
@@ -834,7 +847,9 @@ class SimClient:
                 self.ka_conns[session.id] = conn
                 self._keep_tick(session, address)
 
-            self.dial(address, connected)
+            # As the keep-alive's: a connect takes no longer than the session has left.
+            within = min(self.endpoint.connect_timeout_s, max(0.1, session.deadline() - now))
+            self.dial(address, connected, within)
             return
         left = session.deadline() - self.clock()
         timeout = max(0.1, min(10.0, left))

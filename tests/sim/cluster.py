@@ -352,7 +352,9 @@ class ClusterRun:
                 self.verdict.lost_belief(client, core.endpoint.address)
 
     # ------------------------------------------------------------------ connecting
-    def connect(self, client: SimClient, done: Callable[[ClientConn | None, bool], None]) -> None:
+    def connect(
+        self, client: SimClient, timeout: float, done: Callable[[ClientConn | None, bool], None]
+    ) -> None:
         """A TCP connect from ``client`` to the member it aims at (``client.aim``)."""
         member = self.by_address.get(client.aim)
         side = ClientConn(client)
@@ -383,7 +385,7 @@ class ClusterRun:
             self.net.send(conn, False, lambda: client.proc.run(lambda: settle(True, False)))
 
         self.net.send(conn, True, syn)
-        client.proc.later(client.endpoint.connect_timeout_s, lambda: settle(False, False))
+        client.proc.later(timeout, lambda: settle(False, False))
 
     # ------------------------------------------------------------------ faults
     def nemesis(self) -> None:

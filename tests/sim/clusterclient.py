@@ -45,7 +45,7 @@ class ClusterClient(SimClient):
         self,
         loop: Loop,
         proc: Process,
-        connect: Callable[[SimClient, Callable[[ClientConn | None, bool], None]], None],
+        connect: Callable[[SimClient, float, Callable[[ClientConn | None, bool], None]], None],
         ip: str,
         keys: list[str],
         holds: list[Hold],

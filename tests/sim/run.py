@@ -138,7 +138,9 @@ class Run:
         return holder is not None and holder.live
 
     # ------------------------------------------------------------------ connecting
-    def connect(self, client: SimClient, done: Callable[[ClientConn | None, bool], None]) -> None:
+    def connect(
+        self, client: SimClient, timeout: float, done: Callable[[ClientConn | None, bool], None]
+    ) -> None:
         """A TCP connect from ``client`` to the server: made, refused (nobody listens), or
         timed out (``connect_timeout_s``)."""
         side = ClientConn(client)
@@ -168,7 +170,7 @@ class Run:
             self.net.send(conn, False, lambda: client.proc.run(lambda: settle(True, False)))
 
         self.net.send(conn, True, syn)
-        client.proc.later(client.endpoint.connect_timeout_s, lambda: settle(False, False))
+        client.proc.later(timeout, lambda: settle(False, False))
 
     # ------------------------------------------------------------------ faults
     def nemesis(self) -> None:
