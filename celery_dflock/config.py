@@ -157,11 +157,10 @@ def get_config(app: Any) -> DflockConfig:
     Change ``dflock_*`` settings before the first locked task runs, or call
     :func:`reset_config` afterwards.
     """
-    cached: object = getattr(app, _CONFIG_ATTR, None)
-    if isinstance(cached, DflockConfig):
-        return cached
-    config = DflockConfig.from_conf(app.conf, getattr(app, "namespace", None))
-    setattr(app, _CONFIG_ATTR, config)
+    config: object = getattr(app, _CONFIG_ATTR, None)
+    if not isinstance(config, DflockConfig):
+        config = DflockConfig.from_conf(app.conf, getattr(app, "namespace", None))
+        setattr(app, _CONFIG_ATTR, config)
     return config
 
 
@@ -214,8 +213,7 @@ def resolve_options(
         for spec in LOCK_OPTION_SPECS
     }
     check_combination(first["lock_from"], first["limit"], f"lock options of task {task_name!r}")
-    timeout = first.pop("timeout")
-    given = timeout is not None
+    given = first["timeout"] is not None
     if not given:
-        timeout = RETRY_WAIT_S if first["on_locked"] == "retry" else 0.0
-    return LockOptions(**first, timeout=timeout, timeout_given=given)
+        first["timeout"] = RETRY_WAIT_S if first["on_locked"] == "retry" else 0.0
+    return LockOptions(**first, timeout_given=given)
