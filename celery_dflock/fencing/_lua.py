@@ -16,7 +16,6 @@ __all__ = [
     "Value",
     "fence_key_of",
     "hset_call",
-    "pipelined",
     "set_call",
 ]
 
@@ -62,6 +61,19 @@ class ScriptCall:
     label: str
     fence: int
 
+    @property
+    def helper(self) -> str:
+        """The function of each face that makes this call."""
+        return "fenced_hset" if self.script == HSET else "fenced_set"
+
+    def pipelined(self, client: object) -> TypeError:
+        """The refusal of a pipeline, which answers only at ``execute()``."""
+        kind = f"{type(client).__module__}.{type(client).__name__}"
+        return TypeError(
+            f"{self.helper} runs on a client, not a pipeline ({kind}): a pipeline answers at "
+            "execute(), too late to tell a refused write; call it on the client itself"
+        )
+
     def refuse(self, seen: object) -> None:
         """Raise what the script's answer ``seen`` says refused the write, if it did."""
         if not isinstance(seen, list):
@@ -104,20 +116,9 @@ def hset_call(
     return ScriptCall(HSET, [key], args, label, checked)
 
 
-def pipelined(helper: str, client: object) -> TypeError:
-    """The refusal of a pipeline, which answers only at ``execute()``."""
-    kind = f"{type(client).__module__}.{type(client).__name__}"
-    return TypeError(
-        f"{helper} runs on a client, not a pipeline ({kind}): a pipeline answers at "
-        "execute(), too late to tell a refused write; call it on the client itself"
-    )
-
-
 def _stored(label: str, what: str, value: object) -> Value:
     """``value`` if Redis stores it as it is (redis-py refuses the rest, naming nothing)."""
-    if isinstance(value, str | bytes | bytearray | memoryview | int | float) and not isinstance(
-        value, bool
-    ):
+    if isinstance(value, Value) and not isinstance(value, bool):
         return cast("Value", value)
     raise InvalidValueError(
         f"fenced write to {label}: {what} is {type(value).__name__} {value!r}, which Redis "

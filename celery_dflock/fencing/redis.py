@@ -26,14 +26,7 @@ from redis.client import Pipeline
 from redis.cluster import ClusterPipeline
 
 from celery_dflock.client.errors import InvalidValueError
-from celery_dflock.fencing._lua import (
-    ScriptCall,
-    Value,
-    fence_key_of,
-    hset_call,
-    pipelined,
-    set_call,
-)
+from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
 from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set", "highest_fence"]
@@ -45,7 +38,7 @@ def fenced_set(
     """``SET key value`` if ``fence`` is at least the highest fence written to ``key``, and
     keep ``fence`` as the highest; atomic. A lower fence raises `StaleFence` and None
     `FenceMissing`, both without writing."""
-    _run(client, "fenced_set", set_call(key, value, fence, fence_key))
+    _run(client, set_call(key, value, fence, fence_key))
 
 
 def fenced_hset(
@@ -58,7 +51,7 @@ def fenced_hset(
 ) -> None:
     """``HSET key field value ...`` if ``fence`` is at least the hash's ``fence_name`` field,
     and set that field to ``fence``; atomic (one script). Refusals as `fenced_set`."""
-    _run(client, "fenced_hset", hset_call(key, mapping, fence, fence_name))
+    _run(client, hset_call(key, mapping, fence, fence_name))
 
 
 def highest_fence(raw: bytes | str | None) -> int | None:
@@ -76,18 +69,18 @@ def highest_fence(raw: bytes | str | None) -> int | None:
     )
 
 
-def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:
+def _run(client: redis.Redis, call: ScriptCall) -> None:
     if isinstance(client, Pipeline | ClusterPipeline):
-        raise pipelined(helper, client)
+        raise call.pipelined(client)
     script = getattr(client, "register_script", None)
     if script is None or inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
-        raise TypeError(_unsupported(helper, client))
+        raise TypeError(_unsupported(call.helper, client))
     seen: object = script(call.script)(keys=call.keys, args=call.args)
     if inspect.isawaitable(seen):  # an asyncio client of another make: nothing was sent
         close = getattr(seen, "close", None)
         if callable(close):
             close()
-        raise TypeError(_unsupported(helper, client))
+        raise TypeError(_unsupported(call.helper, client))
     call.refuse(seen)
 
 

@@ -15,14 +15,7 @@ import redis.asyncio
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
 
-from celery_dflock.fencing._lua import (
-    ScriptCall,
-    Value,
-    fence_key_of,
-    hset_call,
-    pipelined,
-    set_call,
-)
+from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
 from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set"]
@@ -37,7 +30,7 @@ async def fenced_set(
     fence_key: str | None = None,
 ) -> None:
     """The blocking face's `~celery_dflock.fencing.redis.fenced_set`, awaited."""
-    await _run(client, "fenced_set", set_call(key, value, fence, fence_key))
+    await _run(client, set_call(key, value, fence, fence_key))
 
 
 async def fenced_hset(
@@ -49,17 +42,17 @@ async def fenced_hset(
     fence_name: str = FENCE_COLUMN,
 ) -> None:
     """The blocking face's `~celery_dflock.fencing.redis.fenced_hset`, awaited."""
-    await _run(client, "fenced_hset", hset_call(key, mapping, fence, fence_name))
+    await _run(client, hset_call(key, mapping, fence, fence_name))
 
 
-async def _run(client: redis.asyncio.Redis, helper: str, call: ScriptCall) -> None:
+async def _run(client: redis.asyncio.Redis, call: ScriptCall) -> None:
     if isinstance(client, Pipeline | ClusterPipeline):
-        raise pipelined(helper, client)
+        raise call.pipelined(client)
     if not inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
         kind = f"{type(client).__module__}.{type(client).__name__}"
         raise TypeError(
-            f"{helper} is the asyncio face and runs on redis.asyncio.Redis, not {kind}: use "
-            f"celery_dflock.fencing.redis.{helper} for a blocking client"
+            f"{call.helper} is the asyncio face and runs on redis.asyncio.Redis, not {kind}: use "
+            f"celery_dflock.fencing.redis.{call.helper} for a blocking client"
         )
     seen = await client.register_script(call.script)(keys=call.keys, args=call.args)
     call.refuse(seen)
