@@ -76,7 +76,7 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
 
 
 @contextmanager
-def column_checked(fenced: FencedUpdate | FencedUpsert) -> Generator[None]:
+def column_checked(fenced: _Fenced) -> Generator[None]:
     """Runs the block, turning the database's word that the table has no fence column into
     `FenceColumnMissing`, and SQLAlchemy's that the values name no column of it (and the
     database's that an upsert's key is no unique key) into `InvalidValueError`."""
@@ -103,7 +103,7 @@ def column_checked(fenced: FencedUpdate | FencedUpsert) -> Generator[None]:
         raise FenceColumnMissing(
             f"fenced write to table {table.fullname!r}: the database table has no column "
             f"{name!r} (the Table declares it, the database was not migrated; the database "
-            f"said: {str(error.orig).strip().splitlines()[0]}); {adding_lines(table, name)}"
+            f"said: {said.strip().splitlines()[0]}); {adding_lines(table, name)}"
         ) from error
 
 
@@ -148,14 +148,21 @@ def refuse_fence_in(values: Mapping[Any, Any], name: str, label: Callable[[], st
 
 
 @dataclass(frozen=True, slots=True)
-class FencedUpdate:
-    """The statements of one fenced update."""
+class _Fenced:
+    """What a fenced write names: the table, its fence column, the write's fence (checked) and
+    the label of its rows in a message."""
 
     table: sa.Table
     column: sa.Column[Any]
-    where: sa.ColumnElement[bool]
     fence: int
     label: Callable[[], str]
+
+
+@dataclass(frozen=True, slots=True)
+class FencedUpdate(_Fenced):
+    """The statements of one fenced update."""
+
+    where: sa.ColumnElement[bool]
 
     @classmethod
     def build(
@@ -176,7 +183,7 @@ class FencedUpdate:
             return f"{target.fullname} where {described(where)}"
 
         checked = require_fence(fence, label)
-        return cls(target, fence_column_of(target, fence_name), where, checked, label)
+        return cls(target, fence_column_of(target, fence_name), checked, label, where)
 
     def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
         """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
@@ -194,14 +201,10 @@ class FencedUpdate:
 
 
 @dataclass(frozen=True, slots=True)
-class FencedUpsert:
+class FencedUpsert(_Fenced):
     """The statements of one fenced insert-or-update of the row named by ``key``."""
 
-    table: sa.Table
-    column: sa.Column[Any]
     key: Mapping[str, Any]
-    fence: int
-    label: Callable[[], str]
 
     @classmethod
     def build(
@@ -225,14 +228,13 @@ class FencedUpsert:
                 f"fenced upsert into {target.fullname}: key names no column; give the "
                 "primary key or a unique key of the row ({'id': 7})"
             )
-        unknown = sorted(set(keyed) - set(target.c.keys()))
-        if unknown:
+        if unknown := sorted(set(keyed) - set(target.c.keys())):
             raise ValueError(
                 f"fenced upsert into {label()}: key names {', '.join(unknown)}, which is no "
                 f"column of table {target.fullname!r} (its columns: {', '.join(target.c.keys())})"
                 "; name the columns of its primary key or of a unique key"
             )
-        return cls(target, column, keyed, checked, label)
+        return cls(target, column, checked, label, keyed)
 
     def statement(
         self, dialect: sa.Dialect, values: Mapping[str, Any], update: Mapping[str, Any] | None
@@ -242,8 +244,7 @@ class FencedUpsert:
         written = cast("dict[object, Any]", {**values, **(update or {})})  # or a Column's key
         refuse_fence_in(written, name, self.label)
         refuse_key_misuse(self.label, self.key, values)
-        unknown = sorted(k for k in written if isinstance(k, str) and k not in self.table.c)
-        if unknown:
+        if unknown := sorted(k for k in written if isinstance(k, str) and k not in self.table.c):
             raise ValueError(
                 f"fenced upsert into {self.label()}: no column {', '.join(unknown)} in values "
                 f"or update (the table's columns: {', '.join(self.table.c.keys())})"

@@ -284,8 +284,7 @@ def _refuse_unknown(model: Any, label: str | Callable[[], str], **given: Mapping
     ``model`` (Django's ``FieldDoesNotExist`` names none of its fields)."""
     options: Any = model._meta
     for where, names in given.items():
-        unknown = [name for name in names if _field(options, name) is None]
-        if unknown:
+        if unknown := [name for name in names if _field(options, name) is None]:
             fields = ", ".join(field.name for field in options.concrete_fields)
             raise InvalidValueError(
                 f"fenced write to {label() if callable(label) else label}: {where} names "
