@@ -230,19 +230,13 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
     query: Any = _Query(model)
     compiler: Any = query.get_compiler(connection=connection)
     keyed = [quote(options.get_field(name).column) for name in key]
-    guard = " AND ".join(  # MySQL's: a fence not lower, on the row of key (see _sql.py)
-        [
-            f"{table}.{fence_column} <= {new(fence_column)}",
-            *(f"{table}.{c} = {new(c)}" for c in keyed),
-        ]
-    )
+    not_lower = f"{table}.{fence_column} <= {new(fence_column)}"
+    # MySQL's guard: a fence not lower, on the row of key (see _sql.py)
+    guard = " AND ".join([not_lower, *(f"{table}.{c} = {new(c)}" for c in keyed)])
 
     def assign(column: str, sql: str) -> str:  # MySQL's guarded by the fence and the key
-        return (
-            f"{column} = CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
-            if mysql
-            else f"{column} = {sql}"
-        )
+        guarded = f"CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
+        return f"{column} = {guarded if mysql else sql}"
 
     assignments: list[str] = []
     for name, value in (values if update is None else update).items():
@@ -263,7 +257,7 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
         return f"{inserted} ON DUPLICATE KEY UPDATE {', '.join(assignments)}", params
     return (
         f"{inserted} ON CONFLICT ({', '.join(keyed)}) DO UPDATE SET {', '.join(assignments)} "
-        f"WHERE {table}.{fence_column} <= {new(fence_column)} RETURNING {table}.{fence_column}",
+        f"WHERE {not_lower} RETURNING {table}.{fence_column}",
         params,
     )
 

@@ -74,12 +74,8 @@ def add_fence_column(connection: Connection, table: sa.Table, name: str = FENCE_
     if any(column["name"] == name for column in present):
         return False
     quote = connection.dialect.identifier_preparer
-    connection.execute(
-        sa.text(
-            f"ALTER TABLE {quote.format_table(table)} "
-            f"ADD COLUMN {quote.quote(name)} BIGINT NOT NULL DEFAULT 0"
-        )
-    )
+    column = f"{quote.quote(name)} BIGINT NOT NULL DEFAULT 0"
+    connection.execute(sa.text(f"ALTER TABLE {quote.format_table(table)} ADD COLUMN {column}"))
     return True
 
 
