@@ -9,16 +9,6 @@ from typing import Final, cast
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below, require_fence
 
-__all__ = [
-    "HSET",
-    "SET",
-    "ScriptCall",
-    "Value",
-    "fence_key_of",
-    "hset_call",
-    "set_call",
-]
-
 Value = str | bytes | bytearray | memoryview | int | float
 
 _COMPARE: Final = """

@@ -26,15 +26,6 @@ from celery_dflock.fencing.fences import (
     require_fence,
 )
 
-__all__ = [
-    "FencedUpdate",
-    "FencedUpsert",
-    "adding_lines",
-    "column_checked",
-    "table_of",
-    "wrong_face",
-]
-
 MYSQL: Final = frozenset({"mysql", "mariadb"})
 """The dialects whose upsert is ``ON DUPLICATE KEY UPDATE`` (it returns no fence)."""
 
