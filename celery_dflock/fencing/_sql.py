@@ -259,10 +259,9 @@ class FencedUpsert(_Fenced):
                 where=self.column <= new[name],
             ).returning(self.column)
         later = sa.and_(self.column <= new[name], *(self.table.c[k] == new[k] for k in self.key))
-        ordered: list[tuple[Any, Any]] = [
-            (k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()
-        ]
-        return insert.on_duplicate_key_update(ordered)
+        return insert.on_duplicate_key_update(
+            [(k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()]
+        )
 
     def kept(self) -> sa.Select[tuple[Any]]:
         """The row's fence, read under the row lock the upsert took (the latest committed)."""

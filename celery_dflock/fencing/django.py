@@ -167,8 +167,7 @@ def check_fence_field(
     lacking: list[str] = []
     for model in checked:
         options: Any = _model_class("check_fence_field", model)._meta
-        field = _field(options, fence_name)
-        if field is None:
+        if (field := _field(options, fence_name)) is None:
             lacking.append(
                 f"{options.label} has no field {fence_name!r}: {_adding(model, fence_name)}"
             )
@@ -264,8 +263,7 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
 
 def _fence_field(model: Any, name: str) -> Any:
     """``model``'s fence field, or `FenceColumnMissing` saying how to add it."""
-    field = _field(model._meta, name)
-    if field is None:
+    if (field := _field(model._meta, name)) is None:
         raise FenceColumnMissing(
             f"fenced write to {model._meta.label}: the model has no field {name!r}, where a "
             f"fenced model keeps the highest fence written to each row; {_adding(model, name)}"

@@ -77,8 +77,7 @@ def _run(client: redis.Redis, call: ScriptCall) -> None:
         raise TypeError(_unsupported(call.helper, client))
     seen: object = script(call.script)(keys=call.keys, args=call.args)
     if inspect.isawaitable(seen):  # an asyncio client of another make: nothing was sent
-        close = getattr(seen, "close", None)
-        if callable(close):
+        if callable(close := getattr(seen, "close", None)):
             close()
         raise TypeError(_unsupported(call.helper, client))
     call.refuse(seen)
