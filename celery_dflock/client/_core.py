@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from types import MappingProxyType
 from typing import Final
 
 from celery_dflock.client import _by_token, _replies, _requests, wire
@@ -69,6 +70,15 @@ class EnqueueResult(str):
 
 ACQUIRED: Final = EnqueueResult("acquired")
 QUEUED: Final = EnqueueResult("queued")
+_ASK_AGAIN: Final = MappingProxyType(
+    {
+        wire.STATUS_ERROR_DRAINING: "the server is shutting down",
+        wire.STATUS_ERROR_UNAVAILABLE: "the cluster member cannot tell yet whether it serves "
+        "the key (starting, or cut off from etcd)",
+    }
+)
+"""The refusals of a renewal after which it reattaches and asks again (a restart may keep
+the lease; a cluster member may not know its shards yet), and what they mean."""
 
 
 class LockCore:
@@ -416,15 +426,8 @@ class LockCore:
             grant.renewed(reply.seconds_remaining, sent_at, session)
             return RenewOutcome(renewed=True)
         code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
-        if code == wire.STATUS_ERROR_DRAINING:
-            return RenewOutcome(
-                renewed=False, lost_reason="the server is shutting down", reattach=True
-            )
-        if code == wire.STATUS_ERROR_UNAVAILABLE:
-            why = "the cluster member cannot tell yet whether it serves the key (starting, or "
-            return RenewOutcome(
-                renewed=False, lost_reason=why + "cut off from etcd)", reattach=True
-            )
+        if (why := _ASK_AGAIN.get(code)) is not None:
+            return RenewOutcome(renewed=False, lost_reason=why, reattach=True)
         if code == wire.STATUS_ERROR and grant.broken is not None:
             why = (
                 f"its connection closed ({grant.broken}), and the server refused the renewal "
