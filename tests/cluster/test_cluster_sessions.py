@@ -192,12 +192,7 @@ def test_a_restarted_split_target_that_cannot_yet_tell_its_shards_keeps_the_hold
             Client(seeds, sharding_strategy="cluster", session_ttl_s=SESSION_S) as holding,
             keeper.lock(pinned, lease_ttl_s=UNDECIDED_LEASE_S),
         ):
-            pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
-            wait_until(
-                lambda: fleet.split_of(pinned) == b.advertise,
-                timeout=WAIT_S,
-                what="a splits the shard towards b",
-            )
+            split_towards(fleet, pinned, b)
             held = holding.lock(crossed, lease_ttl_s=UNDECIDED_LEASE_S, acquire_timeout_s=WAIT_S)
             assert held.acquire() and held.server == b.address
             b.kill()
@@ -214,6 +209,17 @@ def test_a_restarted_split_target_that_cannot_yet_tell_its_shards_keeps_the_hold
             assert held.owned() and not held.lost
             assert held.release()
         unpin(fleet.etcd, fleet.prefix, shard_id(pinned))
+
+
+def split_towards(fleet: Fleet, pinned: str, b: Member) -> None:
+    """Pin ``pinned``'s shard to ``b``; return once its member (holding ``pinned``) has split
+    the shard towards ``b``."""
+    pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
+    wait_until(
+        lambda: fleet.split_of(pinned) == b.advertise,
+        timeout=WAIT_S,
+        what="a splits the shard towards b",
+    )
 
 
 def sibling_of(key: str, stem: str) -> str:
@@ -240,12 +246,7 @@ def test_the_splits_target_paused_past_the_session_gives_its_asked_key_to_no_one
         Client(seeds, sharding_strategy="cluster", acquire_timeout_s=WAIT_S) as rival,
         keeper.lock(pinned, lease_ttl_s=LEASE_S),
     ):
-        pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
-        wait_until(
-            lambda: fleet.split_of(pinned) == b.advertise,
-            timeout=WAIT_S,
-            what="a splits the shard towards b",
-        )
+        split_towards(fleet, pinned, b)
         held = holding.lock(crossed, lease_ttl_s=LEASE_S, acquire_timeout_s=WAIT_S)
         assert held.acquire() and held.server == b.address
         time.sleep(SESSION_S)  # kept by keep-alives only
@@ -460,12 +461,7 @@ def test_the_splits_target_killed_and_restarted_keeps_or_tells_its_asked_key(
         Client(seeds, sharding_strategy="cluster", acquire_timeout_s=WAIT_S) as rival,
         keeper.lock(pinned, lease_ttl_s=LEASE_S),
     ):
-        pin(fleet.etcd, fleet.prefix, shard_id(pinned), b.advertise)
-        wait_until(
-            lambda: fleet.split_of(pinned) == b.advertise,
-            timeout=WAIT_S,
-            what="a splits the shard towards b",
-        )
+        split_towards(fleet, pinned, b)
         held = holding.lock(crossed, lease_ttl_s=LEASE_S, acquire_timeout_s=WAIT_S)
         assert held.acquire() and held.server == b.address
         fence = held.fence
