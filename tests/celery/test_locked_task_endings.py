@@ -343,10 +343,15 @@ def test_warm_shutdown_lets_the_run_finish_and_release(
 def test_a_busy_key_outlasting_the_soft_time_limit_is_retried_not_failed(rig: Rig) -> None:
     """The key's FIFO wait (30 s by default) ran into the run's soft time limit, which failed
     the run with SoftTimeLimitExceeded: a busy key dropped it instead of retrying it."""
-    name = unique("soft-wait")
+    retried_past_its_soft_limit(rig, "end_soft_limited_waiter", unique("soft-wait"))
+
+
+def retried_past_its_soft_limit(rig: Rig, task: str, name: str) -> None:
+    """A run of ``task`` (a soft time limit of 1 s) whose key another holds for 2.5 s is
+    retried, and its body runs once the key is free."""
     other = rig.holder(f"end:{name}")
     try:
-        result = rig.send("end_soft_limited_waiter", name)
+        result = rig.send(task, name)
         time.sleep(2.5)  # more than the run's soft time limit (1 s)
     finally:
         other.release()
@@ -368,17 +373,7 @@ def test_a_busy_key_outlasting_the_worker_s_own_soft_time_limit_is_retried_not_f
     """``celery worker --soft-time-limit 1``: the pool's default limit, in neither the message,
     the task nor the app's settings. The key's FIFO wait was capped by those alone, so it ran
     into this one, which failed the run with SoftTimeLimitExceeded."""
-    rig = worker_limited_rig
-    name = unique("worker-soft-wait")
-    other = rig.holder(f"end:{name}")
-    try:
-        result = rig.send("end_waiter", name)
-        time.sleep(2.5)  # more than the worker's soft time limit (1 s)
-    finally:
-        other.release()
-    assert result.get(timeout=EVENT_TIMEOUT_S) == name
-    [body] = rig.log.entries("body", name=name)
-    assert body["lock_retries"] >= 1
+    retried_past_its_soft_limit(worker_limited_rig, "end_waiter", unique("worker-soft-wait"))
 
 
 def test_a_run_replaced_by_a_run_of_its_key_releases_before_the_replacement_is_sent(

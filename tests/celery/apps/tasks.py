@@ -396,8 +396,13 @@ def collect(results: list[Any]) -> list[Any]:
 def end_soft_limited_waiter(self: LockedTask, name: str) -> str:
     """A run with a 1 s soft time limit whose key may be busy for longer (its FIFO wait,
     30 s by default, must not use its time limit up)."""
-    lock_retries = getattr(self.request, "dflock_lock_retries", None) or 0
-    record("body", name=name, fence=_fence(self), lock_retries=lock_retries)
+    return _waited(self, name)
+
+
+def _waited(task: LockedTask, name: str) -> str:
+    """A waiter's body: records its fence and how many lock retries its run took."""
+    lock_retries = getattr(task.request, "dflock_lock_retries", None) or 0
+    record("body", name=name, fence=_fence(task), lock_retries=lock_retries)
     return name
 
 
@@ -411,9 +416,7 @@ def end_soft_limited_waiter(self: LockedTask, name: str) -> str:
 )
 def end_waiter(self: LockedTask, name: str) -> str:
     """``end_soft_limited_waiter`` without a time limit of its own (the worker's applies)."""
-    lock_retries = getattr(self.request, "dflock_lock_retries", None) or 0
-    record("body", name=name, fence=_fence(self), lock_retries=lock_retries)
-    return name
+    return _waited(self, name)
 
 
 @app.task(
