@@ -166,15 +166,21 @@ def test_the_drain_log_counts_every_waiter_it_refuses(dflockd_process: Any) -> N
     assert "draining: 1 lock(s) held, 2 waiter(s) refused" in line
 
 
-def test_sigint_with_nothing_held_exits_0_at_once(dflockd_process: Any) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_or_sighup_with_nothing_held_exits_0_at_once(
+    dflockd_process: Any, stop: signal.Signals
+) -> None:
+    """dflockd reloads nothing: SIGHUP (a closed terminal, a supervisor's stop) drains and
+    exits 0 as SIGINT does, where Python's default ended the process at once, as a crash."""
     proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
     address = proc.wait_listening()
     with Wire(address) as idle:
         token = idle.lock("k")
         assert idle.req("r", "k", token) == "ok"
-        proc.proc.send_signal(signal.SIGINT)
+        proc.proc.send_signal(stop)
         assert proc.wait_exit(timeout=10) == 0  # the default 30 s drain is not waited out
         assert idle.closed_by_server()
+    assert any("signal received: draining" in line for line in proc.lines)
     assert not any("Traceback" in line for line in proc.lines)
 
 
@@ -212,20 +218,6 @@ def test_a_second_signal_ends_the_drain_at_once(dflockd_process: Any) -> None:
         assert holder.closed_by_server()
     assert any("second signal received" in line for line in proc.lines)
     assert not any("Traceback" in line for line in proc.lines)
-
-
-def test_sighup_stops_the_server_as_sigterm_does(dflockd_process: Any) -> None:
-    """dflockd reloads nothing: SIGHUP (a closed terminal, a supervisor's stop) drains and
-    exits 0, where Python's default ended the process at once, as a crash."""
-    proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
-    address = proc.wait_listening()
-    with Wire(address) as idle:
-        token = idle.lock("k")
-        assert idle.req("r", "k", token) == "ok"
-        proc.proc.send_signal(signal.SIGHUP)
-        assert proc.wait_exit(timeout=10) == 0
-        assert idle.closed_by_server()
-    assert any("signal received: draining" in line for line in proc.lines)
 
 
 def test_stop_under_a_connection_storm_closes_every_socket(
