@@ -34,6 +34,9 @@ NEXT_ACQUIRE_TIMEOUT_S = 5
 """The next run on the key must get the lock this fast (the lease is 30 s, the client session
 15 s: only a release explains it, by the run, or by the worker's main process for a dead child)."""
 EVENT_TIMEOUT_S = 30.0
+WAITER_SOFT_LIMIT_S = 2
+"""The soft time limit of apps/tasks.py's waiters (its ``WAITER_SOFT_LIMIT_S``; that module is
+the workers', not imported here)."""
 
 
 def next_acquire_succeeds(rig: Rig, name: str) -> bool:
@@ -347,12 +350,12 @@ def test_a_busy_key_outlasting_the_soft_time_limit_is_retried_not_failed(rig: Ri
 
 
 def retried_past_its_soft_limit(rig: Rig, task: str, name: str) -> None:
-    """A run of ``task`` (a soft time limit of 1 s) whose key another holds for 2.5 s is
-    retried, and its body runs once the key is free."""
+    """A run of ``task`` (a soft time limit of ``WAITER_SOFT_LIMIT_S``) whose key another
+    holds for longer is retried, and its body runs once the key is free."""
     other = rig.holder(f"end:{name}")
     try:
         result = rig.send(task, name)
-        time.sleep(2.5)  # more than the run's soft time limit (1 s)
+        time.sleep(WAITER_SOFT_LIMIT_S + 1.5)  # more than the run's soft time limit
     finally:
         other.release()
     assert result.get(timeout=EVENT_TIMEOUT_S) == name
@@ -362,15 +365,15 @@ def retried_past_its_soft_limit(rig: Rig, task: str, name: str) -> None:
 
 @pytest.fixture
 def worker_limited_rig(tmp_path: Path) -> Iterator[Rig]:
-    """A rig whose worker is started with ``--soft-time-limit 1``."""
+    """A rig whose worker is started with ``--soft-time-limit 2``."""
     server = Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)
-    yield from _rig(tmp_path, server, worker_args=("--soft-time-limit", "1"))
+    yield from _rig(tmp_path, server, worker_args=("--soft-time-limit", str(WAITER_SOFT_LIMIT_S)))
 
 
 def test_a_busy_key_outlasting_the_worker_s_own_soft_time_limit_is_retried_not_failed(
     worker_limited_rig: Rig,
 ) -> None:
-    """``celery worker --soft-time-limit 1``: the pool's default limit, in neither the message,
+    """``celery worker --soft-time-limit 2``: the pool's default limit, in neither the message,
     the task nor the app's settings. The key's FIFO wait was capped by those alone, so it ran
     into this one, which failed the run with SoftTimeLimitExceeded."""
     retried_past_its_soft_limit(worker_limited_rig, "end_waiter", unique("worker-soft-wait"))

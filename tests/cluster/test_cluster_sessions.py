@@ -180,9 +180,7 @@ def test_a_restarted_split_target_that_cannot_yet_tell_its_shards_keeps_the_hold
     ):
         a = fleet.start()
         proxied = cluster_url(f"http://127.0.0.1:{proxy.address[1]}", fleet.prefix)
-        b = Member(proxied, tmp_path, *args)  # its etcd through the proxy, A's not
-        fleet.members.append(b)
-        b.wait_listening()
+        b = fleet.start(proxied)  # its etcd through the proxy, A's not
         fleet.even_out()
         pinned = fleet.key_of(a, "split:")
         crossed = sibling_of(pinned, "crossed:")

@@ -120,9 +120,10 @@ class Fleet:
         for member in self.members:
             member.kill()
 
-    def start(self) -> Member:
-        """A new member, once it listens and is registered."""
-        member = Member(self.cluster, self.state, *self.extra)
+    def start(self, cluster: str | None = None) -> Member:
+        """A new member, once it listens and is registered (``cluster``: its ``--cluster``, if
+        not the fleet's: the same etcd through a proxy, say)."""
+        member = Member(cluster or self.cluster, self.state, *self.extra)
         self.members.append(member)
         member.wait_listening()
         wait_until(
