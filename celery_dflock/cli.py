@@ -294,9 +294,9 @@ def format_status(reports: Sequence[ServerReport]) -> str:
             continue
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
-        waiters = sum(int(i.get("waiters", 0)) for i in (*locks, *sems))
+        waiters = sum(_number(i.get("waiters")) or 0 for i in (*locks, *sems))
         counts = (rep.stats.get("connections", "?"), rep.stats.get("sessions", "-"))
-        counts += (len(locks), len(sems), waiters)
+        counts += (len(locks), len(sems), f"{waiters:.0f}")
         states = [_SHORT.get(name, name) for name, _, _ in rep.degraded]
         note = "; ".join([*states, rep.note] if rep.note else states)
         rows.append([rep.address, "yes", *map(str, counts), note])
@@ -319,8 +319,8 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     for rep in reports:
         for lock in _items(rep.stats, "locks"):
             key = _shown(str(lock.get("key", "?")))
-            lease = lock.get("lease_expires_in_s")
-            left = "-" if lease is None else f"{float(lease):.1f}s"
+            lease = _number(lock.get("lease_expires_in_s"))
+            left = "-" if lease is None else f"{lease:.1f}s"
             held = _with_holder(lock)
             beat = held["holder_beat_pid"]
             name = f"celery beat, pid {beat}" if beat is not None else held["holder_task_name"]
@@ -382,7 +382,10 @@ def _answer(
         answers = ask(get_config(ctx.obj.app))
     except (DflockError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
-    click.echo(json.dumps(json_of(answers), indent=2) if as_json else render(answers))
+    # Escaped line by line: a server's or a worker's words (a journal's path, a failure, a
+    # degraded state's message) are shown as `_shown` shows a key.
+    shown = "\n".join(map(_shown, render(answers).split("\n")))
+    click.echo(json.dumps(json_of(answers), indent=2) if as_json else shown)
     if not all(ok(answer) for answer in answers):
         ctx.exit(1)
 
@@ -435,9 +438,12 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
             line += f" (last {now - last:.0f} s ago, longest outage {longest:.0f} s)"
         since = answer.get("unreachable_since")
         if isinstance(since, dict) and since:
-            down = cast("dict[str, float]", since)
+            down = cast("dict[str, Any]", since)
             line += "; cannot reach " + ", ".join(
-                f"{address} (for {now - float(at):.0f} s)" for address, at in sorted(down.items())
+                address
+                if (at := _number(down[address])) is None
+                else f"{address} (for {now - at:.0f} s)"
+                for address in sorted(down)
             )
         lines.append(line)
     return "\n".join(lines)

@@ -451,6 +451,26 @@ def test_locks_and_release_show_a_key_s_control_characters_escaped_never_raw(
             client.force_release(key)
 
 
+def test_status_shows_a_server_s_own_words_escaped_never_raw(ops: OpsRig, tmp_path: Path) -> None:
+    """``status`` printed what a server says of itself (its journal's path, a write failure, a
+    degraded state's message) as it came: a state dir named with an escape sequence reached
+    the terminal raw and recoloured or erased the rows around it. Each line is now escaped
+    as a key is; ``--json`` has the text exactly."""
+    state_dir = tmp_path / "state\x1b[2K\u202e"
+    with dflockd_subprocess(tmp_path / "dflockd.log", "--state-dir", str(state_dir)) as (
+        _,
+        address,
+    ):
+        host, port = address
+        shown = ops.cli("status", dflock_servers=f"{host}:{port}")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        raw = [ch for ch in shown.stdout if ch != "\n" and not ch.isprintable()]
+        assert not raw, shown.stdout
+        assert "state dir " + str(tmp_path / "state\\x1b[2K\\u202e") in shown.stdout
+        exact = json.loads(ops.cli("status", "--json", dflock_servers=f"{host}:{port}").stdout)
+        assert exact[0]["stats"]["journal"]["state_dir"] == str(state_dir)
+
+
 # ------------------------------------------------------------------------------ answer time
 def test_dflock_locks_answers_in_under_a_second_of_its_own_time(
     ops: OpsRig, tmp_path: Path

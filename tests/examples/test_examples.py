@@ -219,6 +219,18 @@ def test_dflock_status_and_locks_leave_out_what_an_older_server_does_not_send() 
     assert said.endswith(" UTC (12.2 s left), no key granted"), said
 
 
+def test_dflock_status_and_locks_show_a_number_a_server_sent_malformed_as_unknown() -> None:
+    """A server that is not this package's (another dflockd build, a proxy in between) may
+    send a count or a lease as text: ``status`` and ``locks`` stopped with a Python
+    traceback (``int('many')``). The value now counts as unknown, and the rest shows."""
+    lock = {"key": "k", "lease_expires_in_s": "soon", "waiters": "many"}
+    report = _reachable("127.0.0.1:6388", {"connections": 1, "locks": [lock], "semaphores": []})
+    (row,) = format_status([report]).splitlines()[2:]
+    assert row.split()[:7] == ["127.0.0.1:6388", "yes", "1", "-", "1", "0", "0"], row
+    (held,) = [line for line in format_locks([report]).splitlines() if " k " in line]
+    assert held.split()[1:4] == ["k", "lock", "-"], held
+
+
 def test_dflock_status_and_locks_show_grace_journal_and_restored_from_the_stats_fields() -> None:
     """The fields of the durable leases' `stats` (DURABLE-CONTRACT): grace_reason, journal and
     each lock's restored; the tests below read them from a real server."""
