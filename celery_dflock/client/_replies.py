@@ -150,6 +150,8 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_READ_ONLY},
     Command.HAND_DOWN: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
     Command.FORCE_RELEASE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
+    # A keep-alive to a cluster member not knowing its shards yet: asked again.
+    Command.PING: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
 }
 _GRANTING: Final = frozenset(
     {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}

@@ -485,9 +485,20 @@ class Session:
         if journal is not None and not journal.writable and not journal.mark_removed:
             return p.REPLY_ERROR  # it renews the session's grants: refused as renewals are
         # ... and as `_renew` does, only where they may be held (not while fenced).
-        return (
-            p.REPLY_OK if self.table.keep_alive(session_id, self.host.hold_check) else p.REPLY_ERROR
-        )
+        hold_check = self.host.hold_check
+        if self.table.keep_alive(session_id, hold_check):
+            return p.REPLY_OK
+        if hold_check is None:
+            return p.REPLY_ERROR
+        # Refused for keys this member may not renew now: as `_unconfirmed` answers their
+        # renewals, `error_unavailable` when it cannot tell whether it serves any of them (the
+        # client asks again while the session runs), `error` when one is another member's.
+        check = self.host.key_check
+        refused = [key for key in self.table.session_keys(session_id) if not hold_check(key)]
+        unavailable = p.REPLY_ERROR_UNAVAILABLE
+        if refused and check is not None and all(check(key) == unavailable for key in refused):
+            return p.REPLY_ERROR_UNAVAILABLE
+        return p.REPLY_ERROR
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; with sessions on, ``hello _ session`` makes this a session connection and

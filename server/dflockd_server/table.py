@@ -191,6 +191,11 @@ class LockTable:
             del self.sessions[session_id]  # it keeps nothing alive
         return True
 
+    def session_keys(self, session_id: str) -> list[str]:
+        """The keys the live grants of session ``session_id`` hold (none: no such session)."""
+        session = self.sessions.get(session_id)
+        return [] if session is None else [h.key for h in _grants_of(session)]
+
     def _leave(self, session: ClientSession, client: Client) -> None:
         """``client`` leaves ``session`` (with its grants, if any): a session left with no
         connection (so no grant) keeps nothing alive and is forgotten (a keep-alive for it is

@@ -209,6 +209,51 @@ def test_a_restarted_split_target_that_cannot_yet_tell_its_shards_keeps_the_hold
         unpin(fleet.etcd, fleet.prefix, shard_id(pinned))
 
 
+CUT_OFF_SESSION_S = 24
+"""A session that outlives a member's etcd stall (its lease, then a keep-alive's third of the
+session) and its return, even on CI; the members' longest lease, a little more, is what a
+failover of a member whose etcd lease lapsed under load then waits (under ``WAIT_S``)."""
+
+
+@pytest.mark.timeout(300)
+def test_a_member_cut_off_from_etcd_within_a_session_keeps_its_session_holders_keys(
+    etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path
+) -> None:
+    """A, cut off from etcd past its own etcd lease, cannot tell whether it still serves its
+    shards, so it renews nothing. It answered its session holders' keep-alives ``error``, and
+    each client took its session as over and its locks as lost at once, though nobody could
+    take A's keys before its longest lease and etcd came back long before (a renewal by token
+    asked again: ``error_unavailable``). A keep-alive is now answered ``error_unavailable``
+    too: the client asks again while its session runs, and holds on once A decides again."""
+    lease = CUT_OFF_SESSION_S + 6  # kept by its session's keep-alives alone
+    args = (*MEMBER_ARGS[:2], "--max-lease-ttl", str(lease), *MEMBER_ARGS[4:])
+    with (
+        FaultProxy(("127.0.0.1", etcd_server.client_port)) as proxy,
+        Fleet.on(etcd_server, etcd_prefix, tmp_path, *args) as fleet,
+    ):
+        fleet.start()
+        a = fleet.start(cluster_url(f"http://127.0.0.1:{proxy.address[1]}", fleet.prefix))
+        fleet.even_out()
+        key = fleet.key_of(a, "cut-off:")
+        session = CUT_OFF_SESSION_S
+        with Client(fleet.seeds(), sharding_strategy="cluster", session_ttl_s=session) as holding:
+            held = holding.lock(key, lease_ttl_s=lease)  # its session's keep-alives renew it
+            assert held.acquire() and held.server == a.address
+            said = len(a.log())
+            proxy.stall(WAIT_S)
+            wait_until(
+                lambda: any("fenced, granting nothing" in line for line in a.log()[said:]),
+                timeout=WAIT_S,
+                what="a fenced, cut off from etcd",
+            )
+            time.sleep(session / 3 + 1)  # a keep-alive (every third of the session) comes
+            assert not held.lost, f"{held!r} was told a loss while no one could take its key"
+            proxy.resume()
+            wait_until(held.renew, timeout=WAIT_S, what="the holder renews at a, back on etcd")
+            assert held.owned() and not held.lost
+            assert held.release()
+
+
 def split_towards(fleet: Fleet, pinned: str, b: Member) -> None:
     """Pin ``pinned``'s shard to ``b``; return once its member (holding ``pinned``) has split
     the shard towards ``b``."""

@@ -874,6 +874,14 @@ class SimClient:
                         # (past a cut, it proves only while the grant was still proven)
                         ttl = min(core.grant.lease, session.ttl)
                         attempt.proofs.append((self.global_t(sent), ttl))
+            elif (
+                isinstance(reply, _replies.ErrorReply)
+                and reply.code == wire.STATUS_ERROR_UNAVAILABLE
+            ):
+                # A member that cannot tell yet whether it serves the session's keys: asked
+                # again while the session runs, as the keep-alive's RETRY_PAUSE_S later.
+                self.proc.later(0.25, lambda: self._keep_tick(session, address))
+                return
             elif reply is not None:
                 session.end("the server refused its keep-alive")
             self._keep_tick(session, address)

@@ -3,10 +3,13 @@ the number of locks held on it (asyncio source of the ``_sync/`` twin: a task he
 there).
 
 It runs while the session has held locks, on a connection of its own, closed when it ends.
-When the server answers that it has no such session, or the deadline passes with no answer,
-the session is over: every lock held on it is told at once, and its renewal reports the loss
-unless the server was found not running. A server restarted without client sessions keeps
-none: the keep-alive stops, and each lock renews its grant by token on a connection of its own.
+When the server answers that it has no such session (or that a key of it is another cluster
+member's now), or the deadline passes with no answer, the session is over: every lock held on
+it is told at once, and its renewal reports the loss unless the server was found not running.
+A cluster member that cannot tell yet whether it serves the session's keys (``error_unavailable``:
+it lost etcd, or has just started) is asked again while the session runs. A server restarted
+without client sessions keeps none: the keep-alive stops, and each lock renews its grant by
+token on a connection of its own.
 """
 
 from __future__ import annotations
@@ -68,11 +71,11 @@ async def keep_session_alive(
             if kept is False:
                 session.end(
                     "the server refused its keep-alive (no such session any more, or it may not "
-                    "renew its grants: a cluster member cut off from etcd, a journal it cannot "
-                    "write)"
+                    "renew its grants: a key of it is another cluster member's, a journal it "
+                    "cannot write)"
                 )
                 return
-            if kept is None:  # the request closed the connection
+            if kept is None:  # the request closed the connection, or asked again later
                 await pause(RETRY_PAUSE_S)
     finally:
         if not idle:  # (idle: counted as stopped already; another may have started)

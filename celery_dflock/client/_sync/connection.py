@@ -260,11 +260,18 @@ class Connection:
             self._hello(_requests.encode_join_session(session.id, 0))
 
     def keep_alive(self, session: ClientSession, timeout: float) -> bool | None:
-        """``ping _ session <id>``: True kept, False the server has no such session, None no
-        answer (the connection is closed)."""
+        """``ping _ session <id>``: True kept, False refused (no such session, or a key of it
+        not the member's any more), None not now: no answer (the connection is closed), or
+        ``error_unavailable`` (a cluster member that cannot tell yet whether it serves the
+        session's keys: asked again while the session runs)."""
         sent = time.monotonic()
-        kept = self.ping(_requests.encode_keepalive(session.id), timeout)
-        if kept:
+        try:
+            reply = self.request(Command.PING, _requests.encode_keepalive(session.id), timeout)
+        except DflockError:
+            return None
+        if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_UNAVAILABLE:
+            return None
+        if kept := isinstance(reply, _replies.Ok):
             session.answered(sent, renewed=True)
         return kept
 
@@ -296,13 +303,11 @@ class Connection:
         reply = self.request(Command.SHARDS, _requests.SHARDS_REQUEST)
         return reply.data if isinstance(reply, _replies.JsonReply) else None
 
-    def ping(
-        self, data: bytes = _requests.PING_REQUEST, timeout: float = REPLY_GRACE_S
-    ) -> bool | None:
-        """``ping`` (``data``: a keep-alive's): True answered ``ok``, False refused, None no
-        answer (the request closed the connection)."""
+    def ping(self, timeout: float = REPLY_GRACE_S) -> bool | None:
+        """``ping``: True answered ``ok``, False refused, None no answer (the request closed
+        the connection)."""
         try:
-            reply = self.request(Command.PING, data, timeout)
+            reply = self.request(Command.PING, _requests.PING_REQUEST, timeout)
         except DflockError:
             return None
         return isinstance(reply, _replies.Ok)
