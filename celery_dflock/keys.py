@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import re
 import string
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,8 @@ DIGEST_SEPARATOR: Final = "#"
 """Joins a readable prefix and the digest of the original key."""
 _DIGEST_BYTES: Final = 16
 _DIGEST_HEX_CHARS: Final = _DIGEST_BYTES * 2
+_CANONICAL: Final = JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""Canonical JSON of a default key's arguments (kombu's encoder: UUIDs, dates, Decimals)."""
 _UNSAFE = re.compile(r"\s+")
 """Runs of whitespace (the protocol forbids space, tab, CR and LF; other spaces confuse logs)."""
 
@@ -123,14 +124,7 @@ class _NamedParameters:
 def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     """``<task name>:<digest of the canonical JSON of the bound arguments>``."""
     try:
-        canonical = json.dumps(
-            dict(arguments),
-            cls=JSONEncoder,
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=True,
-        )
+        canonical = _CANONICAL.encode(dict(arguments))
     except (TypeError, ValueError) as exc:
         raise KeyDerivationError(
             f"cannot build the default lock key of task {task_name!r}: its arguments are "
