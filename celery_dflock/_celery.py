@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from celery import Task as _Task, signals as _signals
+from celery import Task as _Task, exceptions as _exceptions, signals as _signals
 from celery._state import _task_stack as _stack  # pyright: ignore[reportPrivateUsage]
-from celery.exceptions import (
-    Reject as _Reject,
-    Retry as _Retry,
-    TimeLimitExceeded as _TimeLimitExceeded,
-    WorkerLostError as _WorkerLostError,
-)
 from celery.utils.dispatch import Signal as _Signal
 from celery.utils.log import get_logger as _get_logger, get_task_logger as _get_task_logger
 from celery.utils.time import get_exponential_backoff_interval as _backoff_interval
@@ -40,11 +34,11 @@ signals: Final[Any] = _signals
 Signal: Final[Any] = _Signal
 task_stack: Final[Any] = _stack
 """Celery's stack of running tasks (``current_task``), pushed by direct calls."""
-Reject: Final[Any] = _Reject
-Retry: Final[Any] = _Retry
+Reject: Final[Any] = _exceptions.Reject
+Retry: Final[Any] = _exceptions.Retry
 backoff_interval: Final[Any] = _backoff_interval
-TimeLimitExceeded: Final[type[Exception]] = _TimeLimitExceeded
-WorkerLostError: Final[type[Exception]] = _WorkerLostError
+TimeLimitExceeded: Final[type[Exception]] = _exceptions.TimeLimitExceeded
+WorkerLostError: Final[type[Exception]] = _exceptions.WorkerLostError
 get_logger: Final[Any] = _get_logger
 get_task_logger: Final[Any] = _get_task_logger
 inspect_command: Final[Any] = _inspect_command
