@@ -41,7 +41,6 @@ KeySource = str | Callable[..., str] | None
 DIGEST_SEPARATOR: Final = "#"
 """Joins a readable prefix and the digest of the original key."""
 _DIGEST_BYTES: Final = 16
-_DIGEST_HEX_CHARS: Final = _DIGEST_BYTES * 2
 _CANONICAL: Final = JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 """Canonical JSON of a default key's arguments (kombu's encoder: UUIDs, dates, Decimals)."""
 _UNSAFE = re.compile(r"\s+")
@@ -69,7 +68,7 @@ def safe_key(raw: str) -> str:
         size = MAX_LINE_BYTES + 1
     if raw and size <= MAX_LINE_BYTES and not _UNSAFE.search(raw):
         return raw
-    budget = MAX_LINE_BYTES - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
+    budget = MAX_LINE_BYTES - len(DIGEST_SEPARATOR) - 2 * _DIGEST_BYTES  # hex digits
     # The longest prefix whose UTF-8 fits (a character cut in two is dropped).
     text = _UNSAFE.sub("_", raw).encode("utf-8", errors="replace")
     prefix = text[:budget].decode("utf-8", errors="ignore")
