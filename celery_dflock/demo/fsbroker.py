@@ -60,8 +60,7 @@ class Channel(filesystem.Channel):
     def _table_file(self, exchange: str) -> Path:
         """The file holding ``exchange``'s table (kombu 5.5+ also checks the name is safe)."""
         channel: Any = self
-        checked = getattr(channel, "_exchange_file", None)
-        if checked is not None:
+        if (checked := getattr(channel, "_exchange_file", None)) is not None:
             return Path(checked(exchange))
         return Path(channel.control_folder) / f"{exchange}.exchange"
 

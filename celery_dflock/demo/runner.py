@@ -126,8 +126,7 @@ def _spawn(
 
 def _check_alive(started: Sequence[Child]) -> None:
     for child in started:
-        code = child.process.poll()
-        if code is not None:
+        if (code := child.process.poll()) is not None:
             tail = child.log.read_text(encoding="utf-8", errors="replace")[-2000:]
             raise RuntimeError(f"{child.name} exited with code {code}; its log ends:\n{tail}")
 
