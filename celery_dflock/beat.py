@@ -549,9 +549,7 @@ class SingletonScheduler(Scheduler):
         schedule = cast("Mapping[str, Any]", cast("Any", self).schedule)
         for name, entry in schedule.items():
             try:
-                now = cast("datetime", entry.default_now())
-                entry.last_run_at = now
-                self._active_since[name] = now
+                entry.last_run_at = self._active_since[name] = cast("datetime", entry.default_now())
             except Exception as exc:  # a broken entry must not stop the others
                 logger.warning("beat: cannot restart entry %r from now: %s", name, exc)
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
