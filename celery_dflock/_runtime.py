@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from operator import is_
@@ -34,16 +34,10 @@ from pathlib import Path
 from types import MethodType
 from typing import Any, Final, cast
 
-from celery_dflock._settings import GivenOptions, read_attributes
+from celery_dflock._settings import LOCK_OPTIONS, GivenOptions, read_attributes
 from celery_dflock.client import DistributedLock, DistributedSemaphore
 from celery_dflock.client.clients import Client
-from celery_dflock.config import (
-    LOCK_OPTIONS,
-    DflockConfig,
-    LockOptions,
-    get_config,
-    resolve_options,
-)
+from celery_dflock.config import DflockConfig, LockOptions, get_config, resolve_options
 from celery_dflock.keys import KeyBuilder
 
 __all__ = [
@@ -197,8 +191,7 @@ def pid_gone(pid: int, timeout: float) -> bool:
                 return False
             time.sleep(0.05)
     try:
-        readable, _, _ = select.select([fd], [], [], timeout)
-        return bool(readable)
+        return bool(select.select([fd], [], [], timeout)[0])  # readable once it has exited
     finally:
         os.close(fd)
 
@@ -238,19 +231,7 @@ class HeldRecords:
     def left_by_dead_workers(cls, pid: int, servers: Servers) -> list[HeldRecords]:
         """The records directories of gone worker main processes (killed with -9, say) on lock
         ``servers``: only they can release what those hold."""
-        prefix = cls._prefix(servers)
-        found: list[HeldRecords] = []
-        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
-            owner = path.name.removeprefix(prefix)
-            if not owner.isdigit() or int(owner) == pid or not pid_gone(int(owner), 0):
-                continue
-            try:
-                info = path.lstat()
-            except OSError:
-                continue
-            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
-                found.append(cls(path))
-        return found
+        return [cls(path) for path in _left_by_gone(cls._prefix(servers), pid)]
 
     @classmethod
     def left_by_earlier_versions(cls) -> list[HeldRecords]:
@@ -258,22 +239,13 @@ class HeldRecords:
         (``celery-dflock-<uid>-<pid>``) whose worker and every pool child that wrote a file in
         them are gone: nothing reads them, and their servers cannot be known (what they
         record ends with its sessions), so they are only to be removed."""
-        prefix = f"celery-dflock-{os.getuid()}-"
         found: list[HeldRecords] = []
-        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
-            owner = path.name.removeprefix(prefix)
-            if not owner.isdigit() or not pid_gone(int(owner), 0):
-                continue
+        for path in _left_by_gone(f"celery-dflock-{os.getuid()}-"):
             try:
-                info = path.lstat()
                 writers = [name.partition(".")[0] for name in os.listdir(path)]
             except OSError:
                 continue
-            if (
-                stat.S_ISDIR(info.st_mode)
-                and info.st_uid == os.getuid()
-                and all(pid.isdigit() and pid_gone(int(pid), 0) for pid in writers)
-            ):
+            if all(pid.isdigit() and pid_gone(int(pid), 0) for pid in writers):
                 found.append(cls(path))
         return found
 
@@ -312,6 +284,21 @@ class HeldRecords:
 
     def remove_all(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _left_by_gone(prefix: str, pid: int | None = None) -> Iterator[Path]:
+    """This user's directories ``<prefix><pid>`` in the temporary directory whose process is
+    gone (``pid``'s own passed over)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        owner = path.name.removeprefix(prefix)
+        if not owner.isdigit() or int(owner) == pid or not pid_gone(int(owner), 0):
+            continue
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            yield path
 
 
 class HeldWriter:
