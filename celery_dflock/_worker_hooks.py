@@ -177,10 +177,9 @@ class _Hooks:
         if not isinstance(found, Mapping) or not self._ours(sender):
             return
         state = parse_outage(cast("Mapping[str, object]", found).get(OUTAGE_HEADER))
-        if state is None:
-            return
-        self.outages.count(state)
-        self._watch({})
+        if state is not None:
+            self.outages.count(state)
+            self._watch({})
 
     def _watch(self, unreachable: Mapping[str, float]) -> None:
         """Ping the lock servers from one thread until all answer, logging each that answers
@@ -214,9 +213,7 @@ class _Hooks:
                     for answer in answers:
                         if not answer.reachable:
                             self.unreachable.setdefault(answer.address, now)
-                            continue
-                        since = self.unreachable.pop(answer.address, None)
-                        if since is not None:
+                        elif (since := self.unreachable.pop(answer.address, None)) is not None:
                             logger.warning(
                                 "dflock: lock server %s is reachable again (found unreachable "
                                 "%.0f s ago); runs waiting for it go on",
@@ -240,9 +237,8 @@ class _Hooks:
 
     def on_worker_process_init(self, **_: Any) -> None:
         # Also sent by the solo pool in the worker's own process, which is no pool child.
-        if self._in_main_process():
-            return
-        reset_runtime_after_fork(self.app, in_pool_child=True)
+        if not self._in_main_process():
+            reset_runtime_after_fork(self.app, in_pool_child=True)
 
     def on_worker_process_shutdown(self, **_: Any) -> None:
         get_runtime(self.app).close()
@@ -275,11 +271,7 @@ class _Hooks:
         task_id = getattr(request, "id", None)
         if terminated:
             self.lost_child(sender, task_id)
-            return
-        if not self._ours(sender):
-            return
-        held = hold_of(header(request, HOLD_HEADER))
-        if held is not None:
+        elif self._ours(sender) and (held := hold_of(header(request, HOLD_HEADER))) is not None:
             # Dropped before it ran: its publish-time hold has no run to end it.
             whose = f"held for revoked task {task_id}"
             frees = "it frees after lock_pending_ttl"
