@@ -173,8 +173,7 @@ class LockedTask(Task):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
             # A canvas member's id is already in its canvas's result: send a follower.
-            headers[FOLLOW_HEADER] = taken.header()
-            headers[HOLD_HEADER] = None
+            headers.update({FOLLOW_HEADER: taken.header(), HOLD_HEADER: None})
             return send()
         headers[HOLD_HEADER] = taken.header
         try:
@@ -250,13 +249,11 @@ class LockedTask(Task):
         ``throw=False`` the body goes on: it keeps its lock, and the retry waits for it."""
         request = self._celery.request
         took_key = held_lock(request) is not None
-        kept = (
-            None  # throw=False: the body goes on after the send, holding its lock to its end
-            if took_key and not throw
-            else retry_hand_off(
+        kept = None  # throw=False: the body goes on after the send, holding its lock to its end
+        if throw or not took_key:
+            kept = retry_hand_off(
                 self, request, countdown=countdown, eta=eta, max_retries=max_retries
             )
-        )
         given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
         given_headers = cast("Mapping[str, Any]", options.pop("headers", None) or {})
         headers = {**(request_headers(request) or {}), **given_headers}
@@ -325,18 +322,12 @@ class LockedTask(Task):
             setattr(cls, _OWN_CALL, mine)
             cls.__call__ = LockedTask.__call__  # pyright: ignore[reportAttributeAccessIssue]
             return
-        mro = cls.__mro__
-        if any(
-            vars(k).get("__call__") is LockedTask.__call__ for k in mro[1 : mro.index(LockedTask)]
-        ):
+        mro, at = cls.__mro__, cls.__mro__.index(LockedTask)
+        if any(vars(k).get("__call__") is LockedTask.__call__ for k in mro[1:at]):
             return  # a class between this one and LockedTask runs the body by its own: kept
-        own = None
-        for klass in mro[mro.index(LockedTask) + 1 :]:
-            call = vars(klass).get("__call__")
-            if call is not None:
-                own = None if klass is BaseTask else call
-                break
-        setattr(cls, _OWN_CALL, own)  # (no annotation: LockedTask's own are its options)
+        klass = next(k for k in mro[at + 1 :] if vars(k).get("__call__") is not None)
+        # (no annotation: LockedTask's own are its options)
+        setattr(cls, _OWN_CALL, None if klass is BaseTask else vars(klass)["__call__"])
 
     @property
     def _celery(self) -> Any:
@@ -360,8 +351,7 @@ class LockedTask(Task):
         data = (list(args or ()), dict(kwargs or {}))
         codec: Any = serialization  # kombu's serializers, untyped
         content_type, encoding, body = codec.dumps(data, serializer)
-        sent: Any = codec.loads(body, content_type, encoding, accept=[content_type])
-        sent_args, sent_kwargs = cast("tuple[list[Any], dict[str, Any]]", sent)
+        sent_args, sent_kwargs = codec.loads(body, content_type, encoding, accept=[content_type])
         return tuple(sent_args), dict(sent_kwargs)
 
 
