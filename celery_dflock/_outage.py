@@ -166,13 +166,8 @@ def retry_outage(
         down_s,
         options.on_locked,
     )
-    return resend(
-        message,
-        countdown=countdown,
-        retries=message.retries,
-        busy=exc,
-        extra={OUTAGE_HEADER: {"since": since, "retries": retries + 1}},
-    )
+    extra = {OUTAGE_HEADER: {"since": since, "retries": retries + 1}}
+    return resend(message, countdown=countdown, retries=message.retries, busy=exc, extra=extra)
 
 
 class OutageCounter:
