@@ -176,8 +176,7 @@ def resend(
     headers = dict(request_headers(request) or {})
     # A worker's request keeps these as attributes.
     for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
-        value = header(request, name)
-        if value is not None:
+        if (value := header(request, name)) is not None:
             headers[name] = value
     headers.update(extra or {})
     headers[LOCK_RETRIES_HEADER] = retries

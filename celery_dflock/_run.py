@@ -93,8 +93,7 @@ def locked_run(
     straight, when not locked). A request sent under a publish-time hold (`HOLD_HEADER`) takes
     the hold's grant over; when the hold is gone, the run takes the key as a run-time lock."""
     message = Message.read(task, request, (args, kwargs))
-    follow = follow_of(header(request, FOLLOW_HEADER))
-    if follow is not None:
+    if (follow := follow_of(header(request, FOLLOW_HEADER))) is not None:
         return run_follower(message, follow)
     app: Any = task._get_app()
     config, runtime = get_config(app), get_runtime(app)
@@ -504,8 +503,7 @@ class _GreenBody:
 
     def _deliver(self) -> None:
         # Runs in the hub, so the body is switched out: it is running or it ended, no between.
-        exc = self._exc
-        if exc is not None and self._running and not self._greenlet.dead:
+        if (exc := self._exc) is not None and self._running and not self._greenlet.dead:
             self._greenlet.throw(exc)
 
     def cancel(self) -> None:

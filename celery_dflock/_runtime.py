@@ -75,11 +75,11 @@ class _Plan:
     """None: runs without call options are not locked."""
 
     def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
-        if self.config is not config:
-            return False
-        # The usual case, compared in C; else each by `_same`.
-        return all(map(is_, self.attributes, attributes)) or all(
-            _same(a, b) for a, b in zip(self.attributes, attributes, strict=True)
+        # The same config, and each attribute the same object: the usual case, compared in C;
+        # else each by `_same`.
+        return self.config is config and (
+            all(map(is_, self.attributes, attributes))
+            or all(_same(a, b) for a, b in zip(self.attributes, attributes, strict=True))
         )
 
 
@@ -447,9 +447,8 @@ def app_client(app: Any) -> Client:
 
 def reset_runtime_after_fork(app: object, *, in_pool_child: bool) -> Runtime:
     """Replace the inherited runtime in a new pool child (the parent's pool is not ours)."""
-    inherited = getattr(app, _RUNTIME_ATTR, None)
     fresh = Runtime(in_pool_child=in_pool_child)
-    if isinstance(inherited, Runtime):
+    if isinstance(inherited := getattr(app, _RUNTIME_ATTR, None), Runtime):
         fresh.records = inherited.records
         fresh.worker_time_limits = inherited.worker_time_limits
     setattr(app, _RUNTIME_ATTR, fresh)

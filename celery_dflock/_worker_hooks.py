@@ -314,8 +314,7 @@ class _Hooks:
         """Release what the dead child running ``task_id`` held, once it has exited (in a
         thread: the consumer must not block on a dying child). Celery's id as it came (an int
         too); the records hold it as text, as the run's ``Message`` reads it."""
-        records = get_runtime(self.app).records
-        if records is not None:
+        if (records := get_runtime(self.app).records) is not None:
             name = f"dflock-orphan-{task_id}"
             _in_a_thread(self._release_from, name, records, str(task_id), CHILD_EXIT_WAIT_S)
 

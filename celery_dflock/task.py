@@ -278,8 +278,7 @@ class LockedTask(Task):
         """As :meth:`celery.Task.on_replace`, but the lock is released before the replacement
         is sent (or run, eagerly), as `retry` does: a replacement of the same key is no
         duplicate of this run, nor waits for it."""
-        lock = held_lock(self._celery.request)
-        if lock is not None:
+        if (lock := held_lock(self._celery.request)) is not None:
             lock.release()
         return self._base.on_replace(sig)
 
