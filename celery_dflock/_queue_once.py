@@ -283,8 +283,7 @@ def _grace(client: Client) -> str | None:
     found: list[str] = []
     for status in client.stats():
         stats = status.stats or {}
-        left = stats.get("grace_remaining_s")
-        if isinstance(left, int | float) and left > 0:
+        if isinstance(left := stats.get("grace_remaining_s"), int | float) and left > 0:
             reason = stats.get("grace_reason")
             why = f" ({reason})" if isinstance(reason, str) and reason else ""
             found.append(f"{status.address}: {left:.0f} s left{why}")

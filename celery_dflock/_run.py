@@ -268,8 +268,7 @@ def _autoretry(message: Message, exc: DflockError) -> None:
     if dont_autoretry_for and isinstance(exc, dont_autoretry_for):
         return
     retry_kwargs = dict(getattr(task, "retry_kwargs", None) or {})
-    backoff = float(getattr(task, "retry_backoff", False) or 0)
-    if backoff:
+    if backoff := float(getattr(task, "retry_backoff", False) or 0):
         retry_kwargs["countdown"] = backoff_interval(
             factor=int(max(1.0, backoff)),
             retries=int(message.request.retries or 0),

@@ -155,8 +155,7 @@ class _Hooks:
                 answer.address,
                 answer.error or "no answer",
             )
-        known = [s.max_lease_ttl_s for _, s in reached if s.max_lease_ttl_s is not None]
-        if known:
+        if known := [s.max_lease_ttl_s for _, s in reached if s.max_lease_ttl_s is not None]:
             for warning in leases_above(self.app, self.locked_task, min(known)):
                 logger.warning("dflock: %s", warning)
         if not reached:
@@ -274,8 +273,7 @@ class _Hooks:
         elif self._ours(sender) and (held := hold_of(header(request, HOLD_HEADER))) is not None:
             # Dropped before it ran: its publish-time hold has no run to end it.
             whose = f"held for revoked task {task_id}"
-            frees = "it frees after lock_pending_ttl"
-            args = (held.key, held.token, None, whose, frees)
+            args = (held.key, held.token, None, whose, "it frees after lock_pending_ttl")
             _in_a_thread(self._release, f"dflock-revoked-{task_id}", *args)
 
     def _release(self, key: str, token: str, limit: int | None, whose: str, frees: str) -> None:
@@ -369,8 +367,7 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     changed: list[str] = []
     tasks: Mapping[str, Any] = app.tasks
     for name, entry in get_config(app).task_locks.items():
-        task = tasks.get(name)
-        if task is None:
+        if (task := tasks.get(name)) is None:
             continue
         if isinstance(entry.key, str):  # as a task's own template is, when it is bound
             try:
