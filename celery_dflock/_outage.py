@@ -118,8 +118,7 @@ def outage_of(request: Any) -> OutageState | None:
 
 def parse_outage(raw: object) -> OutageState | None:
     """An `OUTAGE_HEADER` value read (None: absent or not one, or its ``since`` no time)."""
-    data = mapping_of(raw)
-    if data is None:  # (no header: every run not waiting out an outage)
+    if (data := mapping_of(raw)) is None:  # (no header: every run not waiting out an outage)
         return None
     since, retries = data.get("since"), data.get("retries")
     if not isinstance(since, int | float) or isinstance(since, bool) or not math.isfinite(since):

@@ -116,8 +116,7 @@ def take_over(
         )
         client.release(held.key, held.token)
         return False
-    started = time.monotonic()
-    pause_s = 0.01
+    started, pause_s = time.monotonic(), 0.01
     while not lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
         holder = note_parts(lock.holder)  # an older publisher's note: the task id alone
         if task_id is None or holder.task_id != task_id:
@@ -202,8 +201,7 @@ def publish_hold(
     if options is None or options.lock_from != "publish":
         return None
     key = runs.key_builder(task, options.key, task.run, config.key_prefix).key(*call)
-    note = encode_note(task_id, name=name)
-    if note is None:
+    if (note := encode_note(task_id, name=name)) is None:
         raise InvalidValueError(
             f"task {name}: task_id {task_id!r} is too long for lock_from='publish', whose "
             f"hold of key {key!r} names it in its owner note: at most {NOTE_MAX_BYTES - 1} "

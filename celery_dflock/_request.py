@@ -120,8 +120,7 @@ class Message:
     def read(cls, task: Any, request: Any, call: Call) -> Message:
         # Celery takes any id (an int too): the notes hold it as text
         task_id = None if request.id is None else str(request.id)
-        raw = header(request, LOCK_OPTIONS_HEADER)
-        if not raw:
+        if not (raw := header(request, LOCK_OPTIONS_HEADER)):
             return cls(task, request, call, None, task_id)
         what = f"call options of task {getattr(request, 'task', '?')!r}"
         return cls(task, request, call, read_call_options(raw, what), task_id)
@@ -317,8 +316,7 @@ class HoldRef:
 
 def hold_of(value: object) -> HoldRef | None:
     """The hold a `HOLD_HEADER` value names (None when absent or malformed)."""
-    fields = mapping_of(value)
-    if fields is None:  # (no header: every run without a hold)
+    if (fields := mapping_of(value)) is None:  # (no header: every run without a hold)
         return None
     key, token = fields.get("key"), fields.get("token")
     if isinstance(key, str) and key and isinstance(token, str) and token:
@@ -342,8 +340,7 @@ class Follow:
 
 def follow_of(value: object) -> Follow | None:
     """The `Follow` a `FOLLOW_HEADER` value names (None when absent or malformed)."""
-    fields = mapping_of(value)
-    if fields is None:
+    if (fields := mapping_of(value)) is None:
         return None
     key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
     if not (isinstance(key, str) and key) or (task_id is None and error is None):

@@ -160,8 +160,7 @@ def locked_run(
             _autoretry(message, exc)  # the task's own autoretry_for names it: Celery's
             # In a worker, a short reconnect at most: its slot goes back.
             outage = outage or OutageWait.for_run(request, started, wait_s)
-            pause = outage.next_pause(exc, "{}:{}".format(*lock.server))
-            if pause is None:
+            if (pause := outage.next_pause(exc, "{}:{}".format(*lock.server))) is None:
                 raise retry_outage(message, key, options, outage, exc) from exc
             time.sleep(pause)  # once the server answers, the rest of its lock_timeout to wait
             left_s = max(0.0, started + wait_s - time.monotonic())
