@@ -353,13 +353,9 @@ class Journal:
         """Instead of ``open``, go on appending to a journal the start read whole and restored
         (``StartPlan.resume``): this run's header, then the release of each grant in ``ended``.
         The file is fsynced before anything is served; a failure is as ``open``'s."""
+        fd = size = -1
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        except OSError as exc:
-            self._fail(exc, [])
-            return
-        size = -1
-        try:
             size = os.fstat(fd).st_size
             data = b"".join([self._header(), *(drop_record(token) for token in ended)])
             _write_all(fd, memoryview(data), self._write)
@@ -368,7 +364,8 @@ class Journal:
             if size >= 0:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             self._fail(exc, [])
             return
         self._write_to(fd, size + len(data))
@@ -376,8 +373,7 @@ class Journal:
     def anchor(self) -> None:
         """Fix the clock anchor (before making the records ``open`` takes)."""
         self._anchor_clock = self._clock()
-        clocks = self._clocks
-        if clocks is not None:
+        if (clocks := self._clocks) is not None:
             self._anchor_wall_ms, self._anchor_mono_ms, self._lifetime = clocks()
             return
         self._anchor_wall_ms = time.time_ns() // 1_000_000
@@ -402,8 +398,7 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        old = self._write_to(fd, len(data))  # before anything else can fail
-        if old >= 0:
+        if (old := self._write_to(fd, len(data))) >= 0:  # before anything else can fail
             os.close(old)
         self._fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self.stats.fsyncs += 1
@@ -579,8 +574,7 @@ class Journal:
 
     def wants_compaction(self, live: int) -> bool:
         """Whether the file holds mostly records of leases gone (``COMPACT_MIN_BYTES``)."""
-        size = self._size
-        return size > COMPACT_MIN_BYTES and size > 4 * _LIVE_RECORD_BYTES * live
+        return self._size > max(COMPACT_MIN_BYTES, 4 * _LIVE_RECORD_BYTES * live)
 
     def compact(self, live: Iterable[bytes]) -> None:
         """Rewrite the file with only ``live`` (the current grants)."""
