@@ -138,23 +138,20 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         return "grant record with too few fields"
     elif kind == "X":
         token, lease, until = rest.split(" ")
-        rec = leases.get(token)
-        if rec is not None:
+        if (rec := leases.get(token)) is not None:
             rec.lease_ttl, rec.until_ms = int(lease), int(until) - read.shift_ms
     elif kind == "M":
         parts = rest.split(" ", 5)
         if len(parts) < 5:
             return "move record with too few fields"
-        rec = leases.get(parts[0])
-        if rec is not None:
+        if (rec := leases.get(parts[0])) is not None:
             rec.detached = parts[1] == "d"
             rec.on_close = None if parts[2] == "-" else int(parts[2])
             rec.lease_ttl, rec.until_ms = int(parts[3]), int(parts[4]) - read.shift_ms
             rec.note = parts[5] if len(parts) > 5 else None
     elif kind == "N":
         token, _, note = rest.partition(" ")
-        rec = leases.get(token)
-        if rec is not None:
+        if (rec := leases.get(token)) is not None:
             rec.note = note or None
     elif kind == "H":
         parts = rest.split(" ")
@@ -231,8 +228,7 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
             pos = head
             continue
         end = data.find(b"\n", pos, size)
-        batch = _batch_of(data, pos, end)
-        if batch is not None:
+        if (batch := _batch_of(data, pos, end)) is not None:
             crc, length = batch
             first, after = end + 1, end + 1 + length
             if after > size and not at_end:
@@ -247,15 +243,13 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
                     text = str(memoryview(data)[first:after], "utf-8")  # (no copy of the bytes)
                 if text:
                     read.records += 1  # the K line
-                    problem, n = _apply_lines(read, text.split("\n"))
-                    if problem is not None:
-                        read.damage = problem
+                    n = _apply_lines(read, text.split("\n"))
+                    if n >= 0:
                         return _line_start(data[first:after].split(b"\n"), first, n), pos
                     pos = after
                     continue
         # A K line or batch that does not check, or a batch cut short: line by line.
-        stop = _read_checked(read, data, pos, size)
-        return stop, size
+        return _read_checked(read, data, pos, size), size
     return -1, size
 
 
@@ -307,11 +301,8 @@ def _read_checked(read: JournalRead, data: bytes, start: int, end: int) -> int:
     if text is None:
         stop = _read_slowly(read, run)
         return -1 if stop < 0 else start + stop
-    problem, n = _apply_lines(read, text.split("\n"))
-    if problem is not None:
-        read.damage = problem
-        return _line_start(lines, start, n)
-    return -1
+    n = _apply_lines(read, text.split("\n"))
+    return -1 if n < 0 else _line_start(lines, start, n)
 
 
 def _line_start(lines: list[bytes], start: int, n: int) -> int:
@@ -319,9 +310,9 @@ def _line_start(lines: list[bytes], start: int, n: int) -> int:
     return start + sum(map(len, lines[:n])) + n
 
 
-def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
+def _apply_lines(read: JournalRead, texts: list[str]) -> int:
     """Apply the checked record lines ``texts`` (the last, empty piece is no record): the
-    first one that does not parse's problem and index, or ``(None, lines applied)``."""
+    index of the first one that does not parse (its problem in ``read.damage``), or -1."""
     texts.pop()
     leases = read.leases
     shift = read.shift_ms
@@ -353,10 +344,11 @@ def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
         except (ValueError, IndexError) as exc:
             problem = f"a record that does not parse ({exc})"
         if problem is not None:
+            read.damage = problem
             read.records += n
-            return problem, n
+            return n
     read.records += len(texts)
-    return None, len(texts)
+    return -1
 
 
 def _checksums_hold(lines: list[bytes]) -> bool:
@@ -394,18 +386,15 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
             read.damage = "a record without its end of line (a write cut short)"
             return pos
         line = data[pos:end]
-        problem = _line_problem(line)
-        if problem is not None:
+        if (problem := _line_problem(line)) is not None:
             read.damage = problem
             return pos
         try:
             payload = line[9:].decode()
         except UnicodeDecodeError as exc:
-            problem = f"a record that does not parse ({exc})"
-        else:
-            problem, _ = _apply_lines(read, [line[:9].decode() + payload, ""])
-        if problem is not None:
-            read.damage = problem
+            read.damage = f"a record that does not parse ({exc})"
+            return pos
+        if _apply_lines(read, [line[:9].decode() + payload, ""]) >= 0:
             return pos
         pos = end + 1
     return -1
