@@ -23,10 +23,9 @@ _AUTH: Final = c.CMD_AUTH.encode()
 
 _SESSION: Final = c.HELLO_SESSION.encode()
 _PLACEHOLDER: Final = c.PLACEHOLDER.encode()
-_CONNECTION: Final = c.HOLD_MODE_CONNECTION.encode()
 _DETACHED: Final = c.HOLD_MODE_DETACHED.encode()
 _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
-_MODES: Final = (_CONNECTION, _DETACHED)
+_MODES: Final = (c.HOLD_MODE_CONNECTION.encode(), _DETACHED)
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
 """The usual numbers of a request as a client writes them -> their value: one look-up instead
@@ -279,17 +278,11 @@ def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
             return name, timeout, lease, mode == _DETACHED, note.decode("ascii")
     parts = _fields(arg, 4, 4, c.CMD_HOLD, "<timeout> <lease> <mode> <note>")  # the rules in full
     timeout_raw, lease_raw, mode, note = parts
-    timeout = _NUMBERS.get(timeout_raw)
-    if timeout is None:
-        timeout = _number(timeout_raw, "timeout")
-    lease = _NUMBERS.get(lease_raw) or _lease(lease_raw)
-    if mode == _CONNECTION:
-        detached = False
-    elif mode == _DETACHED:
-        detached = True
-    else:
+    timeout = _number(timeout_raw, "timeout")
+    lease = _lease(lease_raw)
+    if mode not in _MODES:
         raise Malformed(f"{c.CMD_HOLD} mode must be c or d: {mode[:40]!r}")
-    return name, timeout, lease, detached, _note(note)
+    return name, timeout, lease, mode == _DETACHED, _note(note)
 
 
 def parse_release(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str]:
