@@ -196,10 +196,10 @@ class Server:
             self._table.grants.journal = None
         try:
             if journal is not None:
-                journal.close()
-        except OSError as exc:
-            where = journal.path if journal is not None else ""
-            log.error("journal: cannot write %s at the stop: %s", where, exc)
+                try:
+                    journal.close()
+                except OSError as exc:
+                    log.error("journal: cannot write %s at the stop: %s", journal.path, exc)
         finally:
             state, self.state = self.state, None
             if state is not None:
@@ -247,8 +247,7 @@ class Server:
         self.secret = token.encode() if token is not None else None
         if cfg.tls_cert and cfg.tls_key:
             self.ssl_context = build_ssl_context(cfg.tls_cert, cfg.tls_key)
-        state_path = resolve_state_dir(cfg)
-        if state_path is not None:
+        if (state_path := resolve_state_dir(cfg)) is not None:
             default = cfg.state_dir is None  # the address's own: another server is on it
             state = StateDir(state_path, address=f"{cfg.host}:{cfg.port}" if default else None)
             state.open()
@@ -258,11 +257,8 @@ class Server:
         if cfg.cluster is not None:
             # Joins etcd (blocking I/O, off the loop); its fencing counter publishes its
             # ceiling in etcd, so a key's next member starts above every fence granted here.
-            from dflockd_server.cluster.etcd import (  # with make_cluster_node's
-                DuplicateMember,
-                EtcdAuthError,
-                EtcdError,
-            )
+            # (imported here, as make_cluster_node imports the cluster's modules)
+            from dflockd_server.cluster.etcd import DuplicateMember, EtcdAuthError, EtcdError
 
             node = make_cluster_node(cfg, self)  # it hands this server its snapshots
             try:
@@ -293,8 +289,7 @@ class Server:
             self.node = node
             self.fence = fence = node.fence
         else:
-            fence_file = plan.fence_file
-            store = None if fence_file is None else FileCeilingStore(fence_file)
+            store = None if plan.fence_file is None else FileCeilingStore(plan.fence_file)
             # On a full disk the first ceiling is stored before the first token instead.
             self.fence = fence = await loop.run_in_executor(
                 None, lambda: FenceCounter(store=store, defer_failed_store=True)
@@ -354,8 +349,7 @@ class Server:
         else:
             log.info("restart grace: none (%s)", grace.why)
         self.snapshots = snapshots = RationedSnapshots(loop, self.stats_reply)
-        given = self._given_ownership
-        if given is not None:
+        if (given := self._given_ownership) is not None:
             self.set_ownership(given)
         elif self.node is None:
             self.set_ownership(make_ownership(cfg))
@@ -544,11 +538,10 @@ class Server:
             await self._listener.wait_closed()
         if self.metrics is not None:
             await self.loop.run_in_executor(None, self.metrics.stop)
-        if self.node is not None:
+        if (node := self.node) is not None:
             # After the drain: the member releases the shards nobody holds (their heirs take
             # them at once), then leaves (its lease revoked); the shards cut off wait for the
             # failover (the longest lease).
-            node = self.node
             await self.loop.run_in_executor(None, lambda: node.stop(keep=cut_off))
         self._stopped.set()
 
@@ -592,11 +585,9 @@ class Server:
         out["build"] = BUILD
         out["loop"] = loop_name(self.loop)
         out["grace_reason"] = self.grace_reason if out["grace_remaining_s"] else ""
-        journal = self.journal
-        out["journal"] = (
-            None
-            if journal is None
-            else {
+        out["journal"] = None
+        if (journal := self.journal) is not None:
+            out["journal"] = {
                 "state_dir": os.path.dirname(journal.path),
                 "fsync": journal.fsync,
                 "restored": journal.stats.restored,
@@ -607,7 +598,6 @@ class Server:
                 "writable": journal.writable,
                 "write_failure": journal.failure,
             }
-        )
         out["degraded"] = [condition.as_json() for condition in self.conditions(out)]
         return out
 
@@ -659,8 +649,7 @@ class Server:
                 )
             else:
                 log.info("the waiters of every key are granted again as their turn comes")
-        journal = self.journal
-        if journal is not None:
+        if (journal := self.journal) is not None:
             self._journal_upkeep(journal)
 
     def _journal_upkeep(self, journal: Journal) -> None:
@@ -690,6 +679,5 @@ class Server:
 
     def _gc(self) -> None:
         self._timers[1] = self.loop.call_later(self.config.gc_interval_s, self._gc)
-        pruned = self.table.gc(self.config.gc_max_idle_s)
-        if pruned:
+        if pruned := self.table.gc(self.config.gc_max_idle_s):
             log.debug("pruned %d idle key(s)", pruned)
