@@ -66,8 +66,7 @@ def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> s
     """The state directory a server with ``config`` uses, in full (``~`` is the home
     directory, as in a shell: docker-compose, systemd and Kubernetes do not expand it), or None
     (no state)."""
-    given = config.state_dir
-    if given is not None:
+    if (given := config.state_dir) is not None:
         return None if given.lower() == NO_STATE else os.path.abspath(os.path.expanduser(given))
     return None if config.port == 0 else default_state_dir(config.host, config.port, env)
 
@@ -261,8 +260,7 @@ def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -
     whichever is longer."""
     if config.restart_grace_s is not None or record is None:
         return grace
-    left = grace_left(record)
-    if left <= grace.seconds:
+    if (left := grace_left(record)) <= grace.seconds:
         return grace
     return GraceDecision(
         left,
