@@ -198,6 +198,8 @@ def _state(lock: dict[str, Any]) -> str:
 
 Cell = tuple[str, object, str]
 """A row's cell: its column's label, its value, its CSS class ("" for none)."""
+Row = Callable[[dict[str, Any]], list[Cell]]
+"""An item's cells (``_lock_row``, ``_semaphore_row``)."""
 
 
 def _lock_row(lock: dict[str, Any]) -> list[Cell]:
@@ -228,16 +230,15 @@ def _semaphore_row(sem: dict[str, Any]) -> list[Cell]:
     ]
 
 
-def _table(
-    items: list[dict[str, Any]], row: Callable[[dict[str, Any]], list[Cell]], empty: str
-) -> str:
-    """A table of one ``row`` per item, by key (its header: the rows' labels), or ``empty``."""
+def _table(heading: str, items: list[dict[str, Any]], row: Row, empty: str) -> str:
+    """Under ``heading``, a table of one ``row`` per item, by key (its header: the rows'
+    labels), or ``empty``."""
     rows = [row(item) for item in sorted(items, key=lambda item: str(item.get("key", "")))]
     if not rows:
-        return f"<p>{html.escape(empty)}</p>"
+        return f"<h2>{heading}</h2><p>{html.escape(empty)}</p>"
     head = "".join(f"<th>{html.escape(label)}</th>" for label, _, _ in rows[0])
     body = "".join(f"<tr>{''.join(_cell(*cell) for cell in cells)}</tr>" for cells in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<h2>{heading}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _page(title: str, refresh: int, parts: Iterable[str]) -> str:
@@ -285,9 +286,6 @@ def render(title: str, stats: dict[str, Any], refresh: int, now: float) -> str:
         f"{len(locks)} lock(s) held, {len(sems)} semaphore(s) in use, {waiters} waiter(s); "
         f"snapshot at {taken}{again}</p>"
     )
-    parts = [*_banners(stats), summary]
-    parts.append("<h2>Locks</h2>")
-    parts.append(_table(locks, _lock_row, "No lock is held."))
-    parts.append("<h2>Semaphores</h2>")
-    parts.append(_table(sems, _semaphore_row, "No semaphore slot is held."))
+    parts = [*_banners(stats), summary, _table("Locks", locks, _lock_row, "No lock is held.")]
+    parts.append(_table("Semaphores", sems, _semaphore_row, "No semaphore slot is held."))
     return _page(title, refresh, parts)
