@@ -102,8 +102,7 @@ class Client:
 
     def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
         """At its close, detach ``holder`` with ``lease_ttl`` instead of releasing it."""
-        leases = self.on_close
-        if leases is None:
+        if (leases := self.on_close) is None:
             leases = self.on_close = {}
         elif len(leases) > 2 * self.n_held + CLIENT_COMPACT_MIN:
             for gone in [h for h in leases if not h.live]:
@@ -258,8 +257,7 @@ class KeyState:
             self.one = holder
             self.earliest = expires_at
         else:
-            many = self.many
-            if many is None:
+            if (many := self.many) is None:
                 many = self.many = {}
             many[holder.token] = holder
             self.earliest = min(self.earliest, expires_at)
@@ -269,8 +267,7 @@ class KeyState:
     @property
     def holders(self) -> dict[str, Holder]:
         """Token -> holder, a copy (for reading: stats, tests)."""
-        one = self.one
-        if one is not None:
+        if (one := self.one) is not None:
             return {one.token: one}
         return dict(self.many) if self.many else {}
 
