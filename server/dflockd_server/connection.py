@@ -104,8 +104,7 @@ class Connection(asyncio.Protocol):
             self.host, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, stream.peer
         )
         session.ip, session.locks_per_ip = stream.ip, config.locks_per_ip or c.NO_CAP
-        shares = session.grants.shares
-        if shares is not None:
+        if (shares := session.grants.shares) is not None:
             shares.opened(session.client, stream.ip)  # --max-locks-per-ip
         self.session = session
         client = session.client
@@ -131,8 +130,7 @@ class Connection(asyncio.Protocol):
         session.client.close = None  # (its stream's method: a cycle that kept its buffers)
         self._free_untold(session)
         session.close(by_peer=by_peer)
-        shares = session.grants.shares
-        if shares is not None:
+        if (shares := session.grants.shares) is not None:
             shares.closed(session.client, session.ip)
         if self.auth_failed_at is not None:
             # A wrong secret keeps its slot for the whole delay, also when the client hangs up:
@@ -399,8 +397,7 @@ class Connection(asyncio.Protocol):
         if waiter is not None:
             untold_in = self.untold_in
             self.untold = self.untold_in = None
-            stream = self.stream
-            if stream.held is untold_in or stream.unsent is untold_in:
+            if self.stream.held is untold_in or self.stream.unsent is untold_in:
                 self._free_grant(session, waiter)
 
     def _wait_timed_out(self) -> None:
