@@ -37,8 +37,7 @@ class StreamHost(Protocol):
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
 
-    @property
-    def ssl_context(self) -> ssl.SSLContext | None: ...
+    ssl_context: ssl.SSLContext | None
 
     def handshake_started(self, stream: Stream) -> None: ...
 
@@ -216,16 +215,15 @@ class Stream:
     def open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
         host = self._host
+        config = host.config
         transport.set_write_buffer_limits(c.WRITE_BUFFER_HIGH_WATER, c.WRITE_BUFFER_LOW_WATER)
         self.last_rx = self.clock()
-        if host.config.read_timeout_s > 0:
-            self.read_timer = self.loop.call_later(
-                host.config.read_timeout_s, self._read_timer_fired
-            )
+        if config.read_timeout_s > 0:
+            self.read_timer = self.loop.call_later(config.read_timeout_s, self._read_timer_fired)
         if host.ssl_context is not None:
             self.tls = TlsSession(host.ssl_context)
             self.handshake_timer = self.loop.call_later(
-                host.config.tls_handshake_timeout_s, self._handshake_timed_out
+                config.tls_handshake_timeout_s, self._handshake_timed_out
             )
             host.handshake_started(self)
 
