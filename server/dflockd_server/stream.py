@@ -101,8 +101,7 @@ class GroupWrite:
         """The grants a write could not hold: released (nobody was told of them), and the
         replies ``streams`` held back for them refused; their tokens."""
         refused = journal.take_refused()
-        undo = self.undo
-        if undo is not None:
+        if (undo := self.undo) is not None:
             for key, token in refused:
                 undo(key, token)
         journal.flush()  # their drops: not recorded while the journal cannot be written
@@ -252,14 +251,12 @@ class Stream:
             plain = tls.receive(data)
         except ssl.SSLError as exc:
             log.debug("TLS with %s failed: %s", self.peer, exc)
-            out = tls.outgoing()  # the alert, if OpenSSL made one
-            if out:
+            if out := tls.outgoing():  # the alert, if OpenSSL made one
                 transport.write(out)
             self.closing = True
             transport.close()
             return b""
-        out = tls.outgoing()
-        if out:
+        if out := tls.outgoing():
             transport.write(out)
         if tls.handshake_done and not was_done:
             if self.handshake_timer is not None:
@@ -292,8 +289,7 @@ class Stream:
 
     def refuse_held(self, tokens: list[bytes]) -> None:
         """Refuse the held-back replies that tell of a grant the journal could not hold."""
-        held = self.held
-        if held is not None:
+        if (held := self.held) is not None:
             self.held = [refuse_replies(data, tokens) for data in held]
 
     def send_held(self) -> None:
@@ -333,10 +329,8 @@ class Stream:
         self._close_transport(transport)
 
     def _close_transport(self, transport: asyncio.Transport) -> None:
-        if self.tls is not None:
-            alert = self.tls.close_notify()
-            if alert:
-                transport.write(alert)
+        if self.tls is not None and (alert := self.tls.close_notify()):
+            transport.write(alert)
         transport.close()
 
     def pause_writing(self) -> None:
