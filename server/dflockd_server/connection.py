@@ -92,8 +92,7 @@ class Connection(asyncio.Protocol):
         stream = self.stream
         stream.transport = transport
         stream.set_peer(transport.get_extra_info("peername"))
-        refusal = self.server.admit(self)
-        if refusal is not None:
+        if (refusal := self.server.admit(self)) is not None:
             log.debug("refused connection from %s: %s", stream.peer, refusal)
             stream.closing = True
             transport.close()
