@@ -121,8 +121,7 @@ def _batched(records: list[bytes]) -> list[bytes]:
     for i, record in enumerate(records):
         if size + len(record) > BATCH_BYTES and i > start:
             _add_batch(parts, records[start:i])
-            start = i
-            size = 0
+            start, size = i, 0
         size += len(record)
     _add_batch(parts, records[start:])
     return parts
@@ -524,8 +523,7 @@ class Journal:
     def sync(self) -> None:
         """fsync what was written (any thread); a failure is kept for the next ``flush``."""
         with self._fd_lock:
-            fd = self._fd
-            if fd < 0:
+            if (fd := self._fd) < 0:
                 return
             written = self._written
             try:
