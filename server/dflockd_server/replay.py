@@ -188,8 +188,7 @@ def read_journal(path: str) -> JournalRead:
     except FileNotFoundError:
         return read
     with fh, paused_gc():
-        start = 0  # the file's offset of the chunk
-        size = READ_CHUNK
+        start, size = 0, READ_CHUNK  # the file's offset of the chunk, the bytes read from it
         while True:
             # Each chunk from the first byte not used yet: no copies joining or cutting chunks.
             fh.seek(start)
