@@ -307,12 +307,11 @@ class Server:
         # (an fsync, an etcd round trip: leasebound): a start killed during its grace leaves
         # the same bound, and the leases it restores are covered.
         publish = self.node.publish_longest if self.node is not None else None
-        initial = max(grace.seconds, plan.longest_restored)
         self.lease_bound = bound = await LeaseBound.start(
             loop,
             lambda: LeaseRecord(
                 plan.grace_record,
-                initial,
+                max(grace.seconds, plan.longest_restored),
                 cfg.max_lease_ttl_s,
                 publish=publish,
                 grace_s=grace.seconds,
