@@ -604,8 +604,7 @@ class Server:
         """What it cannot do now, for an operator (``conditions``; ``stats`` is this
         snapshot's, for its grace)."""
         found: list[Condition] = []
-        journal = self.journal
-        if journal is not None and not journal.writable:
+        if (journal := self.journal) is not None and not journal.writable:
             directory = os.path.dirname(journal.path)
             found.append(
                 conditions.read_only(
