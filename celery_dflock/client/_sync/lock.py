@@ -273,27 +273,19 @@ class LockBase:
                 self._reroute(exc)
                 continue
             try:  # (an interruption here, the reply read: its connection is closed)
-                if isinstance(reply, Asked) and router is not None:
-                    holding.checkin(conn)
-                    step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
-                    if step is None:
-                        return False  # a hand-over outlasted the acquire's time (routing.handover)
-                    if step.reroute:  # asked in a loop: read the map again, route by it
-                        router.invalidate()
-                        pause(step.pause_s)
-                        self._remap(router)
-                    continue
-                if core.routing.redirected(reply):
+                asked = isinstance(reply, Asked)  # a key-level move: this key, once, there
+                if (asked and router is not None) or core.routing.redirected(reply):
                     if router is None:
                         raise self._mismatch(conn, reply)
                     holding.checkin(conn)
-                    step = core.routing.on_redirect(reply)
+                    step = core.routing.on_ask(reply) if asked else core.routing.on_redirect(reply)
                     if step is None:
                         return False  # a hand-over outlasted the acquire's time (routing.handover)
-                    if step.reread:
+                    if step.reread:  # (asked in a loop: rerouted, always reread)
                         router.invalidate()
-                    pause(step.pause_s)
-                    self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
+                    if step.reroute or not asked:  # (an ask followed at once: the map stays)
+                        pause(step.pause_s)
+                        self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
                     if step.reroute:
                         core.routing.route()
                     continue
