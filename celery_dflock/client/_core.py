@@ -20,36 +20,19 @@ from typing import Final
 from celery_dflock.client import _by_token, _replies, _requests, wire
 from celery_dflock.client._grant import HeldGrant, LockState, RenewOutcome, redact
 from celery_dflock.client._refusals import refusal_error
-from celery_dflock.client._replies import (
-    ErrorReply,
-    Granted,
-    Moved,
-    Queued,
-    Renewed,
-    Reply,
-    TimedOut,
-)
+from celery_dflock.client._replies import ErrorReply, Granted, Queued, Renewed, Reply
 from celery_dflock.client._requests import (
     Command,
-    checked_enqueue,
-    checked_hand_down,
     checked_hold,
     checked_lock,
     checked_release,
     checked_renew,
     checked_sem_lock,
-    checked_take,
-    checked_wait,
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute
 from celery_dflock.client._servers import ServerInfo, check_lease, require_holds
 from celery_dflock.client._session import ClientSession
-from celery_dflock.client._settings import (
-    REPLY_GRACE_S,
-    ClientSettings,
-    Endpoint,
-    whole_seconds,
-)
+from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings, Endpoint, whole_seconds
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned
 
 logger: Final = logging.getLogger("celery_dflock.client")
@@ -200,7 +183,7 @@ class LockCore:
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
         self.require_idle()
         self.check_lease(server, self.lease_ttl_s)
-        data = checked_enqueue(self.key, self.routing.limit, self.lease_ttl_s)
+        data = _requests.checked_enqueue(self.key, self.routing.limit, self.lease_ttl_s)
         command = Command.ENQUEUE if self.routing.limit is None else Command.SEM_ENQUEUE
         return command, data, REPLY_GRACE_S
 
@@ -214,7 +197,7 @@ class LockCore:
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
         command = Command.WAIT if self.routing.limit is None else Command.SEM_WAIT
-        return command, checked_wait(command, self.key, timeout), timeout + REPLY_GRACE_S
+        return command, _requests.checked_wait(command, self.key, timeout), timeout + REPLY_GRACE_S
 
     def _held_token(self) -> str:
         if self.state is not LockState.HELD or self.grant.token is None:
@@ -231,8 +214,7 @@ class LockCore:
         token = self._held_token()  # a token a grant reply matched: no second check
         if self.routing.limit is None:
             return Command.RELEASE, checked_release(self.routing.key, token), REPLY_GRACE_S
-        data = _requests.encode_sem_release(self.key, token)
-        return Command.SEM_RELEASE, data, REPLY_GRACE_S
+        return Command.SEM_RELEASE, _requests.encode_sem_release(self.key, token), REPLY_GRACE_S
 
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
@@ -277,7 +259,7 @@ class LockCore:
         self.require_idle()
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         self.check_lease(server, on_close_lease)
-        data = checked_take(self.key, token, lease, on_close_lease, note)
+        data = _requests.checked_take(self.key, token, lease, on_close_lease, note)
         return Command.TAKE, data, REPLY_GRACE_S
 
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
@@ -288,7 +270,7 @@ class LockCore:
                 server, self.endpoint.address, self.key, token, lease_ttl
             )
         self.check_lease(server, lease_ttl)
-        data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
+        data = _requests.checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
         return Command.HAND_DOWN, data, REPLY_GRACE_S
 
     def on_grant_reply(
@@ -318,7 +300,7 @@ class LockCore:
             self.grant.enqueued_at = sent_at
             return False
         self.reset()
-        if isinstance(reply, TimedOut):
+        if isinstance(reply, _replies.TimedOut):
             self.busy = True
             self.holder = reply.holder
             if server is not None and (left := server.grace_until - self.routing.clock()) > 0:
@@ -327,7 +309,7 @@ class LockCore:
                     f"restart grace, granting no key for {left:.0f} s more (celery dflock status)"
                 )
             return False
-        if isinstance(reply, Moved):
+        if isinstance(reply, _replies.Moved):
             logger.warning(
                 "%s: its shard moved to %s while it was queued on %s; not acquired (acquire "
                 "again: the cluster routes it there)",
