@@ -8,12 +8,7 @@ from __future__ import annotations
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._refusals import describe_lock, refusal_error
 from celery_dflock.client._replies import Asked, ErrorReply, Freed, Moved, Renewed, Reply
-from celery_dflock.client._requests import (
-    Command,
-    checked_hand_down,
-    checked_release,
-    checked_renew,
-)
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     ServerInfo,
     check_lease,
@@ -31,14 +26,15 @@ def release_request(key: str, token: str, *, semaphore: bool = False) -> Request
     token = _requests.validate_token(token)
     if semaphore:
         return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
-    return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
+    return Command.RELEASE, _requests.checked_release(key, token), REPLY_GRACE_S
 
 
 def renew_request(
     server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
 ) -> Request:
     check_lease(server, where, describe_lock(key), lease_ttl)
-    return Command.RENEW, checked_renew(Command.RENEW, key, token, lease_ttl), REPLY_GRACE_S
+    data = _requests.checked_renew(Command.RENEW, key, token, lease_ttl)
+    return Command.RENEW, data, REPLY_GRACE_S
 
 
 def detach_request(
@@ -46,7 +42,7 @@ def detach_request(
 ) -> Request:
     require_holds(server, where, describe_lock(key))
     check_lease(server, where, describe_lock(key), lease_ttl)
-    return Command.HAND_DOWN, checked_hand_down(key, token, lease_ttl), REPLY_GRACE_S
+    return Command.HAND_DOWN, _requests.checked_hand_down(key, token, lease_ttl), REPLY_GRACE_S
 
 
 def note_request(server: ServerInfo | None, where: str, key: str, token: str, note: str) -> Request:
