@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Protocol, TypeAlias, TypeVar
 
 from celery_dflock.client._async.connection import AsyncConnection
-from celery_dflock.client._background import background_task
+from celery_dflock.client._background import background_task as background
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
@@ -42,9 +42,6 @@ Event = asyncio.Event
 pause = asyncio.sleep
 Background = asyncio.Task[None]
 """What `background` started (kept by its lock object, so the task is not collected)."""
-
-
-background = background_task
 
 
 T = TypeVar("T")

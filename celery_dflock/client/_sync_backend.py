@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from celery_dflock.client._background import background_thread
+from celery_dflock.client._background import background_thread as background
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
 from celery_dflock.client._renewal import Renewal, Renewer
@@ -42,9 +42,6 @@ RENEWAL_LINGER_S: Final = 30.0
 Event = threading.Event
 pause = time.sleep
 Background = threading.Thread
-
-
-background = background_thread
 
 
 gather = list  # requests made one after the other
