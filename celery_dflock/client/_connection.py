@@ -178,13 +178,12 @@ class SocketTransport:
                 return False
         try:
             self.sock.settimeout(0.0)
-            data = self.sock.recv(1, socket.MSG_PEEK)
+            self.sock.recv(1, socket.MSG_PEEK)  # EOF (b"") or bytes nobody asked for
         except BlockingIOError:
             return True  # nothing to read: the peer has not closed it
         except OSError:
             return False
-        del data  # EOF (b"") or bytes nobody asked for: either way not reusable
-        return False
+        return False  # read something: either way not reusable
 
     def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
         """True when a TLS connection has nothing to read but TLS records (session tickets):
