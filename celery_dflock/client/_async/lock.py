@@ -14,7 +14,7 @@ from ssl import SSLContext
 from types import TracebackType
 from typing import Self
 
-from celery_dflock.client import _by_token, _requests
+from celery_dflock.client import _by_token, _requests, errors
 from celery_dflock.client._aio_backend import Event, pause
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.held import AsyncHolding, unreached
@@ -37,15 +37,6 @@ from celery_dflock.client._settings import (
     lease_seconds,
     whole_seconds,
 )
-from celery_dflock.client.errors import (
-    DflockError,
-    InvalidValueError,
-    KeyHeld,
-    LockNotAcquired,
-    LockNotOwned,
-    ServerDraining,
-    ServerUnavailable,
-)
 from celery_dflock.client.sharding import Routing, stable_hash_shard
 
 __all__ = ["AsyncDistributedLock", "AsyncDistributedSemaphore", "AsyncLockBase"]
@@ -61,7 +52,9 @@ class AsyncLockBase:
         pool: AsyncConnectionPool | None,
     ) -> None:
         if on_lost is not None and not callable(on_lost):
-            raise InvalidValueError(f"on_lost must be a callable taking the lock, got {on_lost!r}")
+            raise errors.InvalidValueError(
+                f"on_lost must be a callable taking the lock, got {on_lost!r}"
+            )
         self._core = core
         self._holding = AsyncHolding(
             core, None if on_lost is None else partial(on_lost, self), pool
@@ -157,7 +150,7 @@ class AsyncLockBase:
             return ACQUIRED
         if core.state is LockState.ENQUEUED:
             return QUEUED
-        raise LockNotAcquired(
+        raise errors.LockNotAcquired(
             core.routing.handover
             or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
         )
@@ -231,7 +224,7 @@ class AsyncLockBase:
             async with holding.op_lock:
                 holding.abandon()
         elif isinstance(exc, Exception | KeyboardInterrupt | SystemExit) and not isinstance(
-            exc, DflockError
+            exc, errors.DflockError
         ):
             holding.retire_session()
 
@@ -243,7 +236,7 @@ class AsyncLockBase:
         while True:
             try:
                 conn = await holding.checkout()
-            except ServerUnavailable as exc:
+            except errors.ServerUnavailable as exc:
                 await self._reroute(exc)
                 continue
             try:
@@ -269,7 +262,7 @@ class AsyncLockBase:
                     reply = await conn.request(command, data, timeout)
                 finally:
                     holding.keep_while_waiting(conn, False)
-            except ServerUnavailable as exc:
+            except errors.ServerUnavailable as exc:
                 await self._reroute(exc)
                 continue
             try:  # (an interruption here, the reply read: its connection is closed)
@@ -293,7 +286,7 @@ class AsyncLockBase:
                     await conn.learn_grace()
                 try:
                     granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
-                except ServerDraining as exc:
+                except errors.ServerDraining as exc:
                     await holding.checkin(conn)
                     await self._reroute(exc)
                     continue
@@ -328,7 +321,7 @@ class AsyncLockBase:
         if router is not None and not self._core.routing.route():
             await self._remap(router)
 
-    async def _reroute(self, exc: ServerUnavailable) -> None:
+    async def _reroute(self, exc: errors.ServerUnavailable) -> None:
         """The key's member could not serve the acquire: pause and re-route until the acquire's
         time is up, then raise ``exc`` (at once in list modes)."""
         core = self._core
@@ -338,11 +331,11 @@ class AsyncLockBase:
         await pause(wait_s)
         await self._remap(core.routing.router)
 
-    async def _mismatch(self, conn: AsyncConnection, reply: Reply) -> DflockError:
+    async def _mismatch(self, conn: AsyncConnection, reply: Reply) -> errors.DflockError:
         """A list-mode client was redirected: the error naming both server lists."""
         try:
             shards = await conn.shards()
-        except DflockError:
+        except errors.DflockError:
             shards = None
         else:
             await self._holding.checkin(conn)
@@ -353,13 +346,13 @@ class AsyncLockBase:
         (also in a fork child of the holder)."""
         holding, what = self._holding, self._core.what
         if holding.forked():
-            raise LockNotOwned(
+            raise errors.LockNotOwned(
                 f"{what} was acquired by the parent process before a fork; "
                 "a child process cannot renew it (acquire a lock of its own)"
             )
         result = await holding.driver.renew_now()
         if result is None:
-            raise LockNotOwned(f"{what} is not held by this object: acquire() it first")
+            raise errors.LockNotOwned(f"{what} is not held by this object: acquire() it first")
         return result
 
     async def release(self) -> bool:
@@ -396,7 +389,7 @@ class AsyncLockBase:
     async def __aenter__(self) -> Self:
         if not await self._grant(self._core.acquire_request):
             core = self._core
-            raise LockNotAcquired(
+            raise errors.LockNotAcquired(
                 core.routing.handover
                 or core.grace
                 or f"could not acquire {core.what} on {core.endpoint.address} "
@@ -503,13 +496,13 @@ class AsyncDistributedLock(AsyncLockBase):
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
-                    raise KeyHeld(
+                    raise errors.KeyHeld(
                         f"{core.what} is held on {core.endpoint.address}{by}; it stayed busy "
                         f"for the {core.routing.acquire_timeout_s}s the hold could wait",
                         core.key,
                         holder,
                     )
-                raise LockNotAcquired(
+                raise errors.LockNotAcquired(
                     core.routing.handover
                     or f"no cluster member served {core.what} within "
                     f"{core.routing.acquire_timeout_s}s; retry shortly"

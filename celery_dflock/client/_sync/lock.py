@@ -16,7 +16,7 @@ from ssl import SSLContext
 from types import TracebackType
 from typing import Self
 
-from celery_dflock.client import _by_token, _requests
+from celery_dflock.client import _by_token, _requests, errors
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._replies import Asked, Ok, Renewed, Reply, TimedOut
@@ -39,15 +39,6 @@ from celery_dflock.client._sync.held import Holding, unreached
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build, refresh_map, request_once
 from celery_dflock.client._sync_backend import Event, pause
-from celery_dflock.client.errors import (
-    DflockError,
-    InvalidValueError,
-    KeyHeld,
-    LockNotAcquired,
-    LockNotOwned,
-    ServerDraining,
-    ServerUnavailable,
-)
 from celery_dflock.client.sharding import Routing, stable_hash_shard
 
 __all__ = ["DistributedLock", "DistributedSemaphore", "LockBase"]
@@ -63,7 +54,9 @@ class LockBase:
         pool: ConnectionPool | None,
     ) -> None:
         if on_lost is not None and not callable(on_lost):
-            raise InvalidValueError(f"on_lost must be a callable taking the lock, got {on_lost!r}")
+            raise errors.InvalidValueError(
+                f"on_lost must be a callable taking the lock, got {on_lost!r}"
+            )
         self._core = core
         self._holding = Holding(core, None if on_lost is None else partial(on_lost, self), pool)
 
@@ -157,7 +150,7 @@ class LockBase:
             return ACQUIRED
         if core.state is LockState.ENQUEUED:
             return QUEUED
-        raise LockNotAcquired(
+        raise errors.LockNotAcquired(
             core.routing.handover
             or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
         )
@@ -231,7 +224,7 @@ class LockBase:
             with holding.op_lock:
                 holding.abandon()
         elif isinstance(exc, Exception | KeyboardInterrupt | SystemExit) and not isinstance(
-            exc, DflockError
+            exc, errors.DflockError
         ):
             holding.retire_session()
 
@@ -243,7 +236,7 @@ class LockBase:
         while True:
             try:
                 conn = holding.checkout()
-            except ServerUnavailable as exc:
+            except errors.ServerUnavailable as exc:
                 self._reroute(exc)
                 continue
             try:
@@ -269,7 +262,7 @@ class LockBase:
                     reply = conn.request(command, data, timeout)
                 finally:
                     holding.keep_while_waiting(conn, False)
-            except ServerUnavailable as exc:
+            except errors.ServerUnavailable as exc:
                 self._reroute(exc)
                 continue
             try:  # (an interruption here, the reply read: its connection is closed)
@@ -293,7 +286,7 @@ class LockBase:
                     conn.learn_grace()
                 try:
                     granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
-                except ServerDraining as exc:
+                except errors.ServerDraining as exc:
                     holding.checkin(conn)
                     self._reroute(exc)
                     continue
@@ -328,7 +321,7 @@ class LockBase:
         if router is not None and not self._core.routing.route():
             self._remap(router)
 
-    def _reroute(self, exc: ServerUnavailable) -> None:
+    def _reroute(self, exc: errors.ServerUnavailable) -> None:
         """The key's member could not serve the acquire: pause and re-route until the acquire's
         time is up, then raise ``exc`` (at once in list modes)."""
         core = self._core
@@ -338,11 +331,11 @@ class LockBase:
         pause(wait_s)
         self._remap(core.routing.router)
 
-    def _mismatch(self, conn: Connection, reply: Reply) -> DflockError:
+    def _mismatch(self, conn: Connection, reply: Reply) -> errors.DflockError:
         """A list-mode client was redirected: the error naming both server lists."""
         try:
             shards = conn.shards()
-        except DflockError:
+        except errors.DflockError:
             shards = None
         else:
             self._holding.checkin(conn)
@@ -353,13 +346,13 @@ class LockBase:
         (also in a fork child of the holder)."""
         holding, what = self._holding, self._core.what
         if holding.forked():
-            raise LockNotOwned(
+            raise errors.LockNotOwned(
                 f"{what} was acquired by the parent process before a fork; "
                 "a child process cannot renew it (acquire a lock of its own)"
             )
         result = holding.driver.renew_now()
         if result is None:
-            raise LockNotOwned(f"{what} is not held by this object: acquire() it first")
+            raise errors.LockNotOwned(f"{what} is not held by this object: acquire() it first")
         return result
 
     def release(self) -> bool:
@@ -395,7 +388,7 @@ class LockBase:
     def __enter__(self) -> Self:
         if not self._grant(self._core.acquire_request):
             core = self._core
-            raise LockNotAcquired(
+            raise errors.LockNotAcquired(
                 core.routing.handover
                 or core.grace
                 or f"could not acquire {core.what} on {core.endpoint.address} "
@@ -502,13 +495,13 @@ class DistributedLock(LockBase):
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
-                    raise KeyHeld(
+                    raise errors.KeyHeld(
                         f"{core.what} is held on {core.endpoint.address}{by}; it stayed busy "
                         f"for the {core.routing.acquire_timeout_s}s the hold could wait",
                         core.key,
                         holder,
                     )
-                raise LockNotAcquired(
+                raise errors.LockNotAcquired(
                     core.routing.handover
                     or f"no cluster member served {core.what} within "
                     f"{core.routing.acquire_timeout_s}s; retry shortly"
