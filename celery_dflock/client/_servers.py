@@ -7,17 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from celery_dflock.client import _replies, wire
+from celery_dflock.client import _replies, errors, wire
 from celery_dflock.client._replies import ErrorReply, Reply
 from celery_dflock.client._settings import MIN_SESSION_TTL_S, Endpoint, lease_name
-from celery_dflock.client.errors import (
-    AuthError,
-    ForceReleaseUnsupported,
-    HoldsUnsupported,
-    InvalidValueError,
-    ProtocolError,
-    ServerDraining,
-)
 
 CLOSING_ERRORS: Final = frozenset({wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING})
 """Error replies after which the connection must not be reused."""
@@ -87,7 +79,7 @@ def check_lease(server: ServerInfo | None, where: str, what: str, lease: int | N
     limit = None if server is None else server.max_lease_ttl_s
     if lease is None or limit is None or lease <= limit:
         return
-    raise InvalidValueError(
+    raise errors.InvalidValueError(
         f"{what}: the lease asked for ({lease} s) is above the longest lease server {where} "
         f"grants ({limit} s, its --max-lease-ttl / DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter "
         f"lease ({lease_name(lease)}): renewal keeps a lock held however long the work runs. "
@@ -99,7 +91,7 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInf
     """``server``, when it listed ``holds``; else `HoldsUnsupported`."""
     if server is None or not server.supports(wire.FEATURE_HOLDS):
         told = "a server that was not asked hello" if server is None else server.describe()
-        raise HoldsUnsupported(
+        raise errors.HoldsUnsupported(
             f"server {where} is {told}, and a hold or owner note (of {what}) needs "
             "celery-dflock's dflockd-server (the 'holds' feature), which that server does not "
             "list in its hello; run the bundled `dflockd` there"
@@ -110,7 +102,7 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInf
 def require_force_release(server: ServerInfo | None, where: str) -> None:
     if server is None or not server.supports(wire.FEATURE_FORCE_RELEASE):
         told = "a server that was not asked hello" if server is None else server.describe()
-        raise ForceReleaseUnsupported(
+        raise errors.ForceReleaseUnsupported(
             f"server {where} is {told}, which does not list 'force_release' in its hello: it "
             "predates force release (or is a foreign dflockd); upgrade it to a dflockd-server "
             "that has it, or wait for the holder to release or its lease to run out"
@@ -147,42 +139,42 @@ def server_info(endpoint: Endpoint, reply: Reply, sent_at: float = 0.0) -> Serve
         if reply.code == wire.STATUS_ERROR_AUTH:
             raise auth_required_error(endpoint)
         if reply.code == wire.STATUS_ERROR_DRAINING:
-            raise ServerDraining(
+            raise errors.ServerDraining(
                 f"server {endpoint.address} is shutting down; retry once it (or its "
                 "replacement) is running"
             )
         return LEGACY_SERVER
-    raise ProtocolError(
+    raise errors.ProtocolError(
         f"unexpected reply {reply!r} to 'hello' from {endpoint.address}; is the server a "
         "dflockd-compatible lock server on the right port?"
     )
 
 
-def auth_required_error(endpoint: Endpoint) -> AuthError:
+def auth_required_error(endpoint: Endpoint) -> errors.AuthError:
     """The error for ``error_auth`` on a request other than ``auth``."""
     if endpoint.auth_token is None:
-        return AuthError(
+        return errors.AuthError(
             f"server {endpoint.address} requires authentication: give the secret it was "
             "started with (--auth-token / DFLOCKD_AUTH_TOKEN) as auth_token= (in Celery the "
             "`dflock_auth_token` setting)"
         )
-    return AuthError(
+    return errors.AuthError(
         f"server {endpoint.address} refused this connection's authentication; check "
         "auth_token against the server's --auth-token / DFLOCKD_AUTH_TOKEN"
     )
 
 
-def auth_reply_error(endpoint: Endpoint, reply: Reply) -> AuthError | None:
+def auth_reply_error(endpoint: Endpoint, reply: Reply) -> errors.AuthError | None:
     """None when ``auth`` succeeded, else the error to raise."""
     if isinstance(reply, _replies.Ok):
         return None
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
-        return AuthError(
+        return errors.AuthError(
             f"server {endpoint.address} has no auth token configured but one was given: "
             "remove auth_token= (in Celery `dflock_auth_token`) or start the server with "
             "--auth-token"
         )
-    return AuthError(
+    return errors.AuthError(
         f"server {endpoint.address} rejected the auth token (auth_token=, in Celery "
         "`dflock_auth_token`): it does not match the server's --auth-token / DFLOCKD_AUTH_TOKEN"
     )
