@@ -29,20 +29,18 @@ ENQUEUING: Final = {Command.ENQUEUE: Command.WAIT, Command.SEM_ENQUEUE: Command.
 """An enqueue, and the wait that collects its grant."""
 
 
-def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
-    """Translate an I/O failure during a request into the client's errors."""
+def failure(endpoint: Endpoint, command: Command, exc: OSError, timeout: float) -> Exception:
+    """Translate an I/O failure during a request (a timeout included) into the client's error."""
     if isinstance(exc, TimeoutError):
         return ServerUnavailable(
             f"no reply from the lock server at {endpoint.address} to {command.label} within "
             f"{timeout:.1f}s; the connection was closed (is the server overloaded or hung?)"
         )
-    if isinstance(exc, OSError):
-        return ServerUnavailable(
-            f"the connection to the lock server at {endpoint.address} failed during "
-            f"{command.label} ({exc.strerror or exc}); locks held on it are released by "
-            "the server"
-        )
-    return ServerUnavailable(f"connection to {endpoint.address} failed: {exc!r}")
+    return ServerUnavailable(
+        f"the connection to the lock server at {endpoint.address} failed during "
+        f"{command.label} ({exc.strerror or exc}); locks held on it are released by "
+        "the server"
+    )
 
 
 class AsyncConnection:
