@@ -16,7 +16,7 @@ from typing import Self
 
 from celery_dflock.client import _by_token, _requests, errors
 from celery_dflock.client._aio_backend import Event, pause
-from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._async.connection import ENQUEUING, AsyncConnection
 from celery_dflock.client._async.held import AsyncHolding, unreached
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build, refresh_map, request_once
@@ -256,7 +256,9 @@ class AsyncLockBase:
                         await pause(wait_s)
                         core.routing.route()
                         continue
-                holding.keep_while_waiting(conn, _may_wait(core, command))
+                # One that may wait for its grant: its session is kept alive meanwhile.
+                waits = core.routing.acquire_timeout_s > 0 or command in ENQUEUING
+                holding.keep_while_waiting(conn, waits)
                 sent = time.monotonic()
                 try:
                     reply = await conn.request(command, data, timeout)
@@ -430,11 +432,6 @@ class AsyncLockBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
-
-
-def _may_wait(core: LockCore, command: Command) -> bool:
-    """Whether the acquire ``command`` may wait for its grant (its session is kept alive)."""
-    return core.routing.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
 
 
 class AsyncDistributedLock(AsyncLockBase):

@@ -34,7 +34,7 @@ from celery_dflock.client._settings import (
     lease_seconds,
     whole_seconds,
 )
-from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._sync.connection import ENQUEUING, Connection
 from celery_dflock.client._sync.held import Holding, unreached
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build, refresh_map, request_once
@@ -256,7 +256,9 @@ class LockBase:
                         pause(wait_s)
                         core.routing.route()
                         continue
-                holding.keep_while_waiting(conn, _may_wait(core, command))
+                # One that may wait for its grant: its session is kept alive meanwhile.
+                waits = core.routing.acquire_timeout_s > 0 or command in ENQUEUING
+                holding.keep_while_waiting(conn, waits)
                 sent = time.monotonic()
                 try:
                     reply = conn.request(command, data, timeout)
@@ -429,11 +431,6 @@ class LockBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
-
-
-def _may_wait(core: LockCore, command: Command) -> bool:
-    """Whether the acquire ``command`` may wait for its grant (its session is kept alive)."""
-    return core.routing.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
 
 
 class DistributedLock(LockBase):
