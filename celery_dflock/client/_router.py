@@ -104,13 +104,10 @@ class ClusterRouter:
 
     def candidates(self) -> list[tuple[str, int]]:
         """Where to ask for the map: the seeds, then the last map's nodes; suspects last."""
-        found = list(self.seeds)
         current = self.map
-        if current is not None:
-            for node in current.nodes:
-                address = split_address(node)
-                if address not in found:
-                    found.append(address)
+        nodes = () if current is None else map(split_address, current.nodes)
+        found = list(self.seeds)
+        found += [address for address in dict.fromkeys(nodes) if address not in found]
         suspects = self._suspects
         return [a for a in found if a not in suspects] + [a for a in found if a in suspects]
 
