@@ -203,12 +203,10 @@ class _Schedule:
             heapq.heappop(heap)[2].queued = False
             self._dead -= 1
         if self._dead > _COMPACT_AT and self._dead > self.live:
-            kept: list[tuple[float, int, Renewal]] = []
-            for item in heap:
-                if item[2].cancelled:
-                    item[2].queued = False
-                else:
-                    kept.append(item)
+            for _, _, renewal in heap:
+                if renewal.cancelled:
+                    renewal.queued = False
+            kept = [item for item in heap if not item[2].cancelled]
             heapq.heapify(kept)
             self._heap = kept
             self._dead = 0
