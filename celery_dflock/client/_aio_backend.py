@@ -55,8 +55,7 @@ async def call_back(callback: Callable[[], object]) -> None:
     """``callback()``, awaited when it returns an awaitable (a coroutine function's)."""
     result = callback()
     if inspect.isawaitable(result):
-        awaitable: Awaitable[object] = result
-        await awaitable
+        await result
 
 
 class Renewable(Protocol):
