@@ -280,9 +280,7 @@ class LockBase:
                         router.invalidate()
                     if step.reroute or not asked:  # (an ask followed at once: the map stays)
                         pause(step.pause_s)
-                        self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
-                    if step.reroute:
-                        core.routing.route()
+                        self._remap(router, route=step.reroute)
                     continue
                 if isinstance(reply, TimedOut):
                     conn.learn_grace()
@@ -307,15 +305,14 @@ class LockBase:
                     conn.close()
                 raise
 
-    def _refresh_map(self, router: ClusterRouter) -> None:
+    def _remap(self, router: ClusterRouter, *, route: bool = True) -> None:
+        """Read the map again (at most every MAP_REFRESH_INTERVAL_S); ``route``: aim by it."""
         holding = self._holding
         refresh_map(
             router, holding.checkout, holding.checkin, self._core.routing.settings, self._core.what
         )
-
-    def _remap(self, router: ClusterRouter) -> None:
-        self._refresh_map(router)
-        self._core.routing.route()
+        if route:
+            self._core.routing.route()
 
     def _route(self) -> None:
         """Aim at the key's server (in cluster mode by the map, read first if not fresh)."""
