@@ -316,9 +316,7 @@ class ReplyParser:
         return len(self._buffer)
 
     def _line_limit(self, command: Command) -> int:
-        if command in _JSON_REPLIES:
-            return self.max_stats_line_bytes
-        return self.max_line_bytes
+        return self.max_stats_line_bytes if command in _JSON_REPLIES else self.max_line_bytes
 
     def next_reply(self, command: Command) -> Reply | None:
         """The next reply to ``command``, or None until its whole line has been fed."""
