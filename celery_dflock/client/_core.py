@@ -114,9 +114,8 @@ class LockCore:
         return self.routing.what
 
     def describe(self) -> str:
-        return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
-            ", lost" if self.lost else ""
-        )
+        lost = ", lost" if self.lost else ""
+        return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}{lost}"
 
     def locked(self) -> bool:
         return self.state is LockState.HELD and not self.grant.foreign_process()
