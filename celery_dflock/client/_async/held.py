@@ -170,9 +170,8 @@ class AsyncHolding:
         """Whether its session is to be kept alive: it holds a grant, or waits for one."""
         core = self.core
         state = core.state
-        return (state is LockState.HELD and not core.lost) or (
-            state is LockState.ENQUEUED or self._waiting
-        )
+        held = state is LockState.HELD and not core.lost
+        return held or state is LockState.ENQUEUED or self._waiting
 
     def keep_while_waiting(self, conn: AsyncConnection, waiting: bool) -> None:
         """An acquire that may wait is in flight on ``conn`` (``waiting``) or answered."""
