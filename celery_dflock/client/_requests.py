@@ -119,8 +119,7 @@ def checked_lock(key: str, timeout_s: int, lease_s: int | None) -> bytes:
 
 
 def checked_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
-    mode = _HOLD_MODES[detached]
-    return _HOLD % (key.encode(), timeout_s, lease_s, mode, note.encode())
+    return _HOLD % (key.encode(), timeout_s, lease_s, _HOLD_MODES[detached], note.encode())
 
 
 def checked_release(key: str, token: str) -> bytes:
