@@ -176,8 +176,7 @@ class LockCore:
             if hold_lease is not None:  # (else a server that does not say it: `l`, no note)
                 data = checked_hold(routing.key, timeout, hold_lease, note, detached=False)
                 return Command.HOLD, data, timeout + REPLY_GRACE_S
-        data = checked_lock(routing.key, timeout, lease)
-        return Command.LOCK, data, timeout + REPLY_GRACE_S
+        return Command.LOCK, checked_lock(routing.key, timeout, lease), timeout + REPLY_GRACE_S
 
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
         self.require_idle()
