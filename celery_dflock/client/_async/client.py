@@ -27,7 +27,6 @@ from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistribu
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import send_by_token, send_to_owner
 from celery_dflock.client._async.status import ask, ask_shards
-from celery_dflock.client._by_token import Request
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._replies import Ok
 from celery_dflock.client._router import ClusterRouter, server_of, split_address
@@ -51,7 +50,7 @@ from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard
 __all__ = ["AsyncClient"]
 
 T = TypeVar("T")
-ByToken = Callable[[ServerInfo | None, str, str, str, T], Request]
+ByToken = Callable[[ServerInfo | None, str, str, str, T], _by_token.Request]
 """Builds a request by token: (server, its ``host:port``, key, token, lease or note)."""
 
 

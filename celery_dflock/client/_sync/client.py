@@ -24,7 +24,6 @@ from ssl import SSLContext
 from typing import Self, TypeVar
 
 from celery_dflock.client import _by_token, _requests
-from celery_dflock.client._by_token import Request
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._replies import Ok
 from celery_dflock.client._router import ClusterRouter, server_of, split_address
@@ -53,7 +52,7 @@ from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard
 __all__ = ["Client"]
 
 T = TypeVar("T")
-ByToken = Callable[[ServerInfo | None, str, str, str, T], Request]
+ByToken = Callable[[ServerInfo | None, str, str, str, T], _by_token.Request]
 """Builds a request by token: (server, its ``host:port``, key, token, lease or note)."""
 
 
