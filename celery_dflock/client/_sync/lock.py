@@ -20,7 +20,6 @@ from celery_dflock.client import _by_token, _requests, errors
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._replies import Asked, Ok, Renewed, Reply, TimedOut
-from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client._servers import Hold
 from celery_dflock.client._settings import (
@@ -248,7 +247,7 @@ class LockBase:
                 if core.routing.asking:
                     core.routing.asking = False  # one request only
                     asking = _requests.encode_asking(core.key, core.routing.ask_ticket)
-                    if not isinstance(conn.request(Command.ASKING, asking), Ok):
+                    if not isinstance(conn.request(_requests.Command.ASKING, asking), Ok):
                         holding.checkin(conn)
                         wait_s = core.routing.on_ask_refused()
                         if wait_s is None:

@@ -11,7 +11,6 @@ from typing import Any, cast
 
 from celery_dflock.client import _requests, wire
 from celery_dflock.client._replies import ErrorReply, JsonReply
-from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._status import ServerShards, ServerStatus
@@ -45,7 +44,7 @@ def ask(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
             info = conn.server or ServerInfo()
             if not (with_stats and (info.legacy or info.supports(wire.FEATURE_STATS))):
                 return ServerStatus(endpoint.address, info)
-            reply = conn.request(Command.STATS, _requests.STATS_REQUEST)
+            reply = conn.request(_requests.Command.STATS, _requests.STATS_REQUEST)
         finally:
             conn.close()
     except DflockError as exc:
