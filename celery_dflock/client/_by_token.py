@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._refusals import describe_lock, refusal_error
-from celery_dflock.client._replies import Asked, ErrorReply, Freed, Moved, Renewed, Reply
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     ServerInfo,
@@ -57,16 +56,16 @@ def force_release_request(
     return Command.FORCE_RELEASE, _requests.checked_force_release(key, note), REPLY_GRACE_S
 
 
-def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
+def freed(command: Command, reply: _replies.Reply, key: str, endpoint: Endpoint) -> int:
     """How many grants a force release freed; raises for a refusal."""
-    if isinstance(reply, Freed):
+    if isinstance(reply, _replies.Freed):
         return reply.grants
-    if isinstance(reply, Moved | Asked) or command is Command.ASKING:
+    if isinstance(reply, _replies.Moved | _replies.Asked) or command is Command.ASKING:
         raise ServerUnavailable(
             f"the cluster's members kept redirecting the force release of {describe_lock(key)} "
             f"(last from {endpoint.address}): its shard is moving; try again in a moment"
         )
-    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+    if isinstance(reply, _replies.ErrorReply) and reply.code == wire.STATUS_ERROR:
         raise ForceReleaseUnsupported(
             f"server {endpoint.address} refused the force release of {describe_lock(key)} "
             "('error'): it does not know the request (a server that predates it)"
@@ -74,10 +73,10 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
     raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
 
 
-def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
+def done(command: Command, reply: _replies.Reply, key: str, endpoint: Endpoint) -> bool:
     """True done, False when the token no longer holds the key; raises for other refusals."""
-    if isinstance(reply, Renewed | _replies.Ok):
+    if isinstance(reply, _replies.Renewed | _replies.Ok):
         return True
-    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+    if isinstance(reply, _replies.ErrorReply) and reply.code == wire.STATUS_ERROR:
         return False
     raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from celery_dflock.client import _replies, errors, wire
-from celery_dflock.client._replies import ErrorReply, Reply
 from celery_dflock.client._settings import MIN_SESSION_TTL_S, Endpoint, lease_name
 
 CLOSING_ERRORS: Final = frozenset({wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING})
@@ -116,7 +115,7 @@ def _seconds(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def server_info(endpoint: Endpoint, reply: Reply, sent_at: float = 0.0) -> ServerInfo:
+def server_info(endpoint: Endpoint, reply: _replies.Reply, sent_at: float = 0.0) -> ServerInfo:
     """Interpret the reply to ``hello`` sent at ``sent_at`` (raises for ``error_auth`` /
     ``error_draining``)."""
     if isinstance(reply, _replies.JsonReply):
@@ -135,7 +134,7 @@ def server_info(endpoint: Endpoint, reply: Reply, sent_at: float = 0.0) -> Serve
             run=str(data["run"]) if isinstance(data.get("run"), str) else None,
             grace_until=sent_at + grace if isinstance(grace, int | float) and sent_at else 0.0,
         )
-    if isinstance(reply, ErrorReply):
+    if isinstance(reply, _replies.ErrorReply):
         if reply.code == wire.STATUS_ERROR_AUTH:
             raise auth_required_error(endpoint)
         if reply.code == wire.STATUS_ERROR_DRAINING:
@@ -164,11 +163,11 @@ def auth_required_error(endpoint: Endpoint) -> errors.AuthError:
     )
 
 
-def auth_reply_error(endpoint: Endpoint, reply: Reply) -> errors.AuthError | None:
+def auth_reply_error(endpoint: Endpoint, reply: _replies.Reply) -> errors.AuthError | None:
     """None when ``auth`` succeeded, else the error to raise."""
     if isinstance(reply, _replies.Ok):
         return None
-    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+    if isinstance(reply, _replies.ErrorReply) and reply.code == wire.STATUS_ERROR:
         return errors.AuthError(
             f"server {endpoint.address} has no auth token configured but one was given: "
             "remove auth_token= (in Celery `dflock_auth_token`) or start the server with "
