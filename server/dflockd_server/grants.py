@@ -217,13 +217,7 @@ class Grants:
         return holder
 
     def grant_bare(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
-        self,
-        key: str,
-        client: Client,
-        owner: Client,
-        lease_ttl: int,
-        now: float,
-        note: str | None,
+        self, key: str, client: Client, owner: Client, lease_ttl: int, now: float, note: str | None
     ) -> Holder | None:
         """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
         with no ``KeyState``, if it is free; else ``None``: then through the key's state."""
@@ -405,13 +399,10 @@ class Grants:
             # Grant first: if no token can be issued, the waiter stays at the head, and the
             # key is filled again at the next sweep (what freed the slot is done all the same).
             try:
-                if waiter.note is None:
-                    waiter.holder = self.grant(state, waiter.client, waiter.lease_ttl, now)
-                else:  # a hold (hl)
-                    owner = self.detached if waiter.detached else waiter.client
-                    waiter.holder = self.grant(
-                        state, owner, waiter.lease_ttl, now, waiter.note, waiter.client
-                    )
+                owner = self.detached if waiter.detached else waiter.client  # (an hl mode d)
+                waiter.holder = self.grant(
+                    state, owner, waiter.lease_ttl, now, waiter.note, waiter.client
+                )
             except FenceStateError:
                 self.stalled.add(state.key)
                 return
