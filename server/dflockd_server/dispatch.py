@@ -356,12 +356,11 @@ class Session:
             # Answered unrecorded only once the journal's complete mark is gone: else a
             # restart could restore a shorter lease than the holder was told.
             return p.REPLY_ERROR
-        table = self.table
         ttl = lease or self.default_lease
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         try:
-            remaining = table.renew(name, token, ttl, self.client)
+            remaining = self.table.renew(name, token, ttl, self.client)
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
