@@ -69,17 +69,15 @@ def etcd_client(
     # the lease, so a keep-alive can move to another and still renew in time.
     timeout = max(5.0, lease_ttl_s)
     several = "," in etcd_url  # its endpoints' list
-    client = EtcdClient(
-        EtcdTransport(
-            etcd_url,
-            timeout=timeout,
-            attempt_timeout=max(lease_ttl_s / 5, 0.5) if several else timeout,
-            ssl_context=context,
-            user=access.user,
-            password=access.password,
-        )
+    transport = EtcdTransport(
+        etcd_url,
+        timeout=timeout,
+        attempt_timeout=max(lease_ttl_s / 5, 0.5) if several else timeout,
+        ssl_context=context,
+        user=access.user,
+        password=access.password,
     )
-    return client, prefix
+    return EtcdClient(transport), prefix
 
 
 def _found(client: EtcdClient, prefix: str) -> ClusterView:
