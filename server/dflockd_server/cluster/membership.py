@@ -590,9 +590,7 @@ class Member:
         with self._lock:  # the watch confirms these too
             for s, revision in result.written.items():
                 self.copy.apply_shard(s, revision, changes[s], deleted=changes[s] is None)
-        if result.condition_failed:
-            with self._lock:
-                if self.copy.leader == self.advertise:
-                    self.copy.leader = None  # deposed: the watch will say by whom
-        elif result.conflicted:
+            if result.condition_failed and self.copy.leader == self.advertise:
+                self.copy.leader = None  # deposed: the watch will say by whom
+        if result.conflicted and not result.condition_failed:
             self._wake_later(max(self.lease_ttl / 4, 0.1))  # the watch brings what changed
