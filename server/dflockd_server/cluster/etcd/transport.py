@@ -294,11 +294,9 @@ class EtcdTransport:
                 # Each round waits twice as long: a loaded etcd still answers a later one.
                 patience = self.attempt_timeout * 2**round_
                 reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
-            except NotSent as exc:
+            except (NotSent, NoAnswer) as exc:
                 failures[index] = str(exc)
-            except NoAnswer as exc:
-                failures[index] = str(exc)
-                if not resend:
+                if not resend and isinstance(exc, NoAnswer):  # (one not sent goes anywhere)
                     raise EtcdError(
                         f"etcd at {self.url}: {what}: no answer ({exc}); whether it was applied "
                         "is unknown"
