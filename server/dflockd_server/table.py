@@ -774,9 +774,7 @@ class LockTable:
                         }
                     )
             elif state.n_held:
-                holder = state.one
-                if holder is None:  # a lock is of limit 1: one holder
-                    holder = next(iter(state.holders.values()))
+                holder = next(iter(state.holders.values()))  # a lock is of limit 1: one holder
                 locks.append(self._lock_stats(key, holder, state.n_waiting, now))
             elif state.n_waiting == 0:
                 idle_locks.append({"key": key, "idle_s": round(now - state.last_used, 3)})
