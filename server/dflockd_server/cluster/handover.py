@@ -141,8 +141,7 @@ class Handover:
         if not self._due_splits(gone, now):
             return
         self._split_waits = self._waits_for({}, nodes, fresh=True)  # read again before the drop
-        due = self._due_splits(gone, now)
-        if due:
+        if due := self._due_splits(gone, now):
             new = {s: (gone[s], view.shard_map[s].unsplit()) for s in due}
             _, refused = self._write_while_gone(view, member, new, gone_at)
             for s in due:

@@ -538,8 +538,7 @@ class Member:
             else:
                 self._write(current.diff(ShardMap.initial(live)), revisions)
             return
-        changes = current.diff(current.updated(live))
-        if changes:
+        if changes := current.diff(current.updated(live)):
             self._write(changes, revisions)
         else:
             self._rebalance(current, live, still_for, revisions)
@@ -558,8 +557,7 @@ class Member:
         if any(current[s].target in live for s in current.moves_in_progress()):
             return  # the handovers' writes wake this loop again (a move towards a gone
             # member, a shard pinned there, cannot end: it does not hold the others back)
-        plan = current.rebalance_plan(live)
-        if plan:
+        if plan := current.rebalance_plan(live):
             log.info(
                 "cluster leader %s: membership still for %.0f s; rebalancing %d shard(s)",
                 self.advertise,

@@ -396,8 +396,7 @@ class ClusterNode:
         self._current = current
         by_reply: dict[bytes, list[int]] = {}
         for shard in sorted(lost):
-            reply = decision.verdicts[shard]
-            if reply is not None:
+            if (reply := decision.verdicts[shard]) is not None:
                 by_reply.setdefault(reply, []).append(shard)
         for reply, shards in by_reply.items():
             self.host.fail_waiters(shards, reply)

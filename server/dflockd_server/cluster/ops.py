@@ -168,8 +168,7 @@ def summary(view: ClusterView) -> list[str]:
         lines.append(f"  {node}: target of {count}, serving {serving.get(node, 0)}{state}")
     lines.append(f"moving: {len(m.moves_in_progress())}")
     lines.append(f"pinned: {', '.join(map(str, m.pinned_shards())) or '(none)'}")
-    stranded = m.unavailable_pinned(view.members)
-    if stranded:
+    if stranded := m.unavailable_pinned(view.members):
         lines.append(f"pinned to a node that is not live: {', '.join(map(str, stranded))}")
     if view.members:
         lines.append(f"a rebalance would move {len(m.rebalance_plan(view.members))} shard(s)")
