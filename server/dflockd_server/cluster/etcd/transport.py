@@ -191,8 +191,7 @@ class EtcdTransport:
         if response.status != 200:
             detail = response.read(4096).decode("utf-8", errors="replace").strip()
             with contextlib.suppress(ValueError):
-                parsed = as_dict(json.loads(detail))
-                if parsed is not None and "message" in parsed:
+                if (parsed := as_dict(json.loads(detail))) is not None and "message" in parsed:
                     detail = str(parsed["message"])
             raise self._http_error(what, response.status, detail)
         return response
