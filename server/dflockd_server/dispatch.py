@@ -264,8 +264,7 @@ class Session:
         if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
-        journal = self.grants.journal
-        if journal is not None and not journal.writable:
+        if (journal := self.grants.journal) is not None and not journal.writable:
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         ttl = lease or self.default_lease  # (a hold's lease is never 0)
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
@@ -413,8 +412,7 @@ class Session:
         if waiter is None:
             moved = self.moved.pop(name, None) if self.moved else None
             return p.REPLY_ERROR_NOT_ENQUEUED if moved is None else moved
-        holder = waiter.holder
-        if holder is not None:
+        if (holder := waiter.holder) is not None:
             table.forget_enqueued(waiter)
             if not holder.live:
                 return p.REPLY_ERROR_LEASE_EXPIRED
@@ -431,8 +429,7 @@ class Session:
         self.asking = False
         if self.host.key_check is not None:
             name, ticket = p.parse_asking(key, arg)
-            refused = self.host.admit_ask(name, ticket)
-            if refused is not None:
+            if (refused := self.host.admit_ask(name, ticket)) is not None:
                 return refused
             self.asked = name
         self.asking = True
@@ -484,8 +481,7 @@ class Session:
         p.check_text(key, arg)
         table = self.table
         if table.session_ttl_s:
-            named = p.parse_client_session(arg)
-            if named is not None:
+            if (named := p.parse_client_session(arg)) is not None:
                 session_id, ttl = named
                 if ttl:
                     table.join_session(self.client, session_id, min(ttl, self.max_lease))
