@@ -291,8 +291,7 @@ class Grants:
         state = waiter.state
         state.n_waiting -= 1
         state.last_used = now
-        queue = state.queue
-        if queue is not None:
+        if (queue := state.queue) is not None:
             items, head = queue.items, queue.head
             if len(items) - head > COMPACT_MIN and len(items) - head > 2 * state.n_waiting:
                 queue.items = [w for w in items[head:] if w.active]
@@ -446,8 +445,7 @@ class Grants:
         since = holder.held_since()
         moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=since)
         moved.note = holder.note
-        journal = self.journal
-        if journal is not None:
+        if (journal := self.journal) is not None:
             moved.covered = journal.move(
                 holder.token,
                 detached=client is self.detached,
@@ -469,8 +467,7 @@ class Grants:
             state.last_used = expires_at
         client.held.append(moved)
         client.n_held += 1
-        shares = self.shares
-        if shares is not None:
+        if (shares := self.shares) is not None:
             shares.moved(holder, moved)
         self.leases.add(moved, expires_at, lease_ttl)
         if on_close is not None:
@@ -481,9 +478,7 @@ class Grants:
     def holder_of(self, key: str, token: str) -> Holder | None:
         """The live grant ``token`` holds on ``key``, or ``None``."""
         entry = self.keys.get(key)
-        if entry is None:
-            return None
-        return self.live_holder(entry, token, self.clock())
+        return None if entry is None else self.live_holder(entry, token, self.clock())
 
     def live_holder(self, entry: Entry, token: str, now: float) -> Holder | None:
         """The grant ``token`` holds on ``entry``'s key once its leases due by ``now`` have run

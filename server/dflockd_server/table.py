@@ -161,8 +161,7 @@ class LockTable:
 
     def end_session(self, session_id: str) -> None:
         """``hello _ session <id> 0``: the session ends now."""
-        session = self.sessions.get(session_id)
-        if session is not None:
+        if (session := self.sessions.get(session_id)) is not None:
             self._end_session_of(session, self.clock())
 
     def keep_alive(self, session_id: str, may_hold: Callable[[str], bool] | None = None) -> bool:
@@ -243,14 +242,12 @@ class LockTable:
             grants.unqueue(waiter, now)
         client.waiting.clear()
         client.enqueued.clear()
-        on_close = client.on_close
-        if on_close:
+        if on_close := client.on_close:
             client.on_close = None
             for holder, lease_ttl in on_close.items():
                 if holder.live:
                     grants.move(holder, grants.detached, lease_ttl, now)
-        kept = client.kept_by
-        if kept is not None:
+        if (kept := client.kept_by) is not None:
             if not client.n_held:
                 self._leave(kept, client)
         elif by_peer and self.auto_release_on_disconnect:
@@ -270,8 +267,7 @@ class LockTable:
                 continue
             holder.pin_since()
             holder.expires_at = end
-            state = grants.state_of(holder)
-            if state is not None and end < state.earliest:
+            if (state := grants.state_of(holder)) is not None and end < state.earliest:
                 state.earliest = end
             grants.leases.add(holder, end, ttl)
 
@@ -363,11 +359,9 @@ class LockTable:
             raise Bound(key, holder.note)
         if grants.max_locks_per_connection:
             grants.check_client_locks(client, key, None)
-        shares = grants.shares
-        if shares is not None:
+        if (shares := grants.shares) is not None:
             shares.check_rebind(holder, client, len(grants.keys))
-        longest = max(lease_ttl, on_close or 0)
-        if longest > grants.lease_noted:
+        if (longest := max(lease_ttl, on_close or 0)) > grants.lease_noted:
             grants.raise_bound(longest, key)  # the close's lease too: a disconnect must not fail
         holder.note = note
         return grants.move(holder, client, lease_ttl, self.clock(), on_close)
