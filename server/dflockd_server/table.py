@@ -329,6 +329,8 @@ class LockTable:
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
             return False
+        if holder.client.kept_by is not None and self._session_over(holder, self.clock()):
+            return False
         if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client is grants.detached:
@@ -518,11 +520,8 @@ class LockTable:
         holder = grants.live_holder(entry, token, now)
         if holder is None:
             return None
-        kept = holder.client.kept_by
-        if kept is not None and kept.expires_at <= now:  # over, if not swept yet
-            self._end_session_of(kept, now)
-            if not holder.live:
-                return None
+        if holder.client.kept_by is not None and self._session_over(holder, now):
+            return None
         if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client.closed and client is not None:
@@ -535,6 +534,16 @@ class LockTable:
             return lease_ttl
         self._extend(holder, entry, lease_ttl, now + lease_ttl, ahead=False)
         return lease_ttl
+
+    def _session_over(self, holder: Holder, now: float) -> bool:
+        """Whether the grant ``holder`` ended with its session: a session past its time, not
+        swept yet, ends here (as a keep-alive ends it), with its grants unless auto-release
+        is off."""
+        kept = holder.client.kept_by
+        if kept is None or kept.expires_at > now:
+            return False
+        self._end_session_of(kept, now)
+        return not holder.live
 
     def _extend(
         self, holder: Holder, entry: Entry, lease_ttl: int, expires_at: float, *, ahead: bool

@@ -121,6 +121,20 @@ def test_a_renewal_by_token_that_comes_after_its_session_ran_out_is_refused(
     assert isinstance(table.acquire(table.open_client(), "k", LEASE, None, queue=False), Holder)
 
 
+def test_a_hand_down_that_comes_after_its_session_ran_out_is_refused(
+    table: LockTable, clock: Clock
+) -> None:
+    """``hd`` (a queue-once hold detached for its task) of a grant whose session ran out, not
+    swept yet, is refused as a renewal by token is: it detached the grant with a new lease,
+    and the key stayed held for that lease by a grant its client had counted as lost."""
+    held = grant(table, "k", SESSION, ttl=3)
+    clock.now += 3
+    assert not table.hand_down("k", held.token, LEASE)
+    assert not held.live
+    assert SESSION not in table.sessions
+    assert isinstance(table.acquire(table.open_client(), "k", LEASE, None, queue=False), Holder)
+
+
 def test_joining_a_session_that_ran_out_starts_a_new_one_without_its_grants(
     table: LockTable, clock: Clock
 ) -> None:
