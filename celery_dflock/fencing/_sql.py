@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, TypeAlias, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
@@ -28,9 +28,11 @@ from celery_dflock.fencing.fences import (
 
 MYSQL: Final = frozenset({"mysql", "mariadb"})
 """The dialects whose upsert is ``ON DUPLICATE KEY UPDATE`` (it returns no fence)."""
+Target: TypeAlias = sa.Table | type[Any]
+"""What a fenced write names as its table: a Core ``Table`` or an ORM mapped class."""
 
 
-def table_of(table: sa.Table | type[Any], helper: str) -> sa.Table:
+def table_of(table: Target, helper: str) -> sa.Table:
     """A Core ``Table`` as it is; an ORM mapped class's table; else `TypeError` for ``helper``."""
     try:
         return cast("sa.Table", sa.update(table).table)
@@ -157,11 +159,7 @@ class FencedUpdate(_Fenced):
 
     @classmethod
     def build(
-        cls,
-        table: sa.Table | type[Any],
-        where: sa.ColumnElement[bool],
-        fence: int | None,
-        fence_name: str = FENCE_COLUMN,
+        cls, table: Target, where: sa.ColumnElement[bool], fence: int | None, fence_name: str
     ) -> FencedUpdate:
         target = table_of(table, "fenced_update")
         if isinstance(where, bool | None):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -176,7 +174,7 @@ class FencedUpdate(_Fenced):
         checked = require_fence(fence, label)
         return cls(target, fence_column_of(target, fence_name), checked, label, where)
 
-    def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
+    def update(self, table: Target, values: Mapping[str, Any]) -> sa.Update:
         """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
         refuse_fence_in(values, self.column.name, self.label)
         assigned: dict[Any, Any] = {**values, self.column: self.fence}
@@ -199,11 +197,7 @@ class FencedUpsert(_Fenced):
 
     @classmethod
     def build(
-        cls,
-        table: sa.Table | type[Any],
-        key: Mapping[str, Any],
-        fence: int | None,
-        fence_name: str = FENCE_COLUMN,
+        cls, table: Target, key: Mapping[str, Any], fence: int | None, fence_name: str
     ) -> FencedUpsert:
         target = table_of(table, "fenced_upsert")
         keyed = dict(key)
