@@ -33,7 +33,7 @@ SQLAlchemy's asyncio extension use `celery_dflock.fencing.sqlalchemy_aio`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
@@ -43,6 +43,7 @@ from celery_dflock.fencing._sql import (
     MYSQL,
     FencedUpdate,
     FencedUpsert,
+    Target,
     adding_lines,
     column_checked,
     table_of,
@@ -58,6 +59,9 @@ __all__ = [
     "fenced_update",
     "fenced_upsert",
 ]
+
+_Blocking: TypeAlias = Connection | Session | scoped_session[Any]
+"""What the blocking face writes on: a ``Connection``, a ``Session`` or a ``scoped_session``."""
 
 
 def fence_column(name: str = FENCE_COLUMN) -> sa.Column[int]:
@@ -132,8 +136,7 @@ def fenced_update(
     fenced = FencedUpdate.build(table, where, fence, fence_name)
     update = fenced.update(table, values)
     with column_checked(fenced):
-        result = connection.execute(update)
-        if updated := cast("CursorResult[Any]", result).rowcount:
+        if updated := cast("CursorResult[Any]", connection.execute(update)).rowcount:
             return updated
         written = _written_on(connection, update, table)
         seen = written.execute(fenced.highest(written.dialect)).one()
@@ -177,11 +180,7 @@ def fenced_upsert(
     refuse_unwritten(fenced.label, fenced.fence, kept[0], 1)
 
 
-def _written_on(
-    connection: Connection | Session | scoped_session[Any],
-    statement: sa.Executable,
-    table: sa.Table | type[Any],
-) -> Connection:
+def _written_on(connection: _Blocking, statement: sa.Executable, table: Target) -> Connection:
     """The connection that ``statement``, a write to ``table``, ran on: a Session's for the
     bind it chose for it (a Session that routes by statement, as SQLAlchemy's read/write
     splitting recipe, would send the read that checks the write to a replica that lags)."""
@@ -192,7 +191,7 @@ def _written_on(
     return connection.connection(bind_arguments={"clause": statement, "mapper": mapper})
 
 
-def _dialect(connection: Connection | Session | scoped_session[Any], table: sa.Table) -> sa.Dialect:
+def _dialect(connection: _Blocking, table: sa.Table) -> sa.Dialect:
     """The dialect of the database that ``connection`` writes ``table`` to."""
     if isinstance(connection, Connection):
         return connection.dialect
