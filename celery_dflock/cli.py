@@ -335,17 +335,8 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             counts = [str(sem.get("holders", "?")), str(sem.get("waiters", 0))]
             rows.append([rep.address, key, kind, "-", *counts, "-", "-", "-", ""])
     if rows:
-        header = [
-            "server",
-            "key",
-            "kind",
-            "lease left",
-            "holders",
-            "waiters",
-            "task",
-            "task id",
-            "host",
-        ]
+        header = ["server", "key", "kind", "lease left", "holders", "waiters"]
+        header += ["task", "task id", "host"]  # the holder
         if any(row[-1] for row in rows):  # a restored lease
             header.append("note")
         else:
