@@ -445,10 +445,8 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
     "--workers",
     "with_workers",
     is_flag=True,
-    help=(
-        "Also ask the running workers (through the broker, 1 s) about the lock-server "
-        "outages they met: outage retries, servers they cannot reach."
-    ),
+    help="Also ask the running workers (through the broker, 1 s) about the lock-server "
+    "outages they met: outage retries, servers they cannot reach.",
 )
 def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     """Per server: reachable or not, connections, held locks and waiters, restart grace,
