@@ -679,9 +679,4 @@ def option_table() -> list[tuple[str, str | None, object, str]]:
 def setting_table(kind: Literal["app", "beat"]) -> list[SettingDoc]:
     """The app-wide or beat settings with defaults and meanings (for docs)."""
     specs = APP_SETTING_SPECS if kind == "app" else BEAT_SETTING_SPECS
-    return [
-        SettingDoc(
-            spec.name, repr(spec.default) if spec.shown is None else spec.shown, spec.meaning
-        )
-        for spec in specs
-    ]
+    return [SettingDoc(spec.name, spec.shown or repr(spec.default), spec.meaning) for spec in specs]
