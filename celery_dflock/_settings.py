@@ -175,16 +175,13 @@ def _parse_address(entry: object, where: str) -> object:
 
 def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[str, int], ...]:
     """Servers from ``"host:port,host:port"``, a list of ``(host, port)`` or of ``"host:port"``."""
-    entries: list[object]
     if isinstance(value, str):
         entries = [part for part in value.split(",") if part.strip()]
     elif isinstance(value, tuple | list):
         items = list(cast("Iterable[object]", value))
         # A bare ("host", port) pair is one server, not two.
-        if len(items) == 2 and isinstance(items[0], str) and isinstance(items[1], int):
-            entries = [tuple(items)]
-        else:
-            entries = items
+        bare = len(items) == 2 and isinstance(items[0], str) and isinstance(items[1], int)
+        entries = [tuple(items)] if bare else items
     else:
         raise DflockConfigError(
             f"{where} must be 'host:port,host:port' or a list of (host, port); got {value!r}"
