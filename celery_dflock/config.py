@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
+from celery_dflock import _settings
 from celery_dflock._settings import (
-    APP_SETTING_SPECS,
-    KNOWN_SETTINGS,
     LOCK_OPTION_SPECS,
     LOCK_OPTIONS,
     NO_OPTIONS,
@@ -34,16 +33,9 @@ from celery_dflock._settings import (
     SETTINGS,
     DflockConfigError,
     GivenOptions,
-    KeySource,
-    LockFrom,
-    OnDuplicate,
-    OnLocked,
-    OnLockLost,
-    Spec,
     check_combination,
     close_matches,
     option_table,
-    read_options,
     setting_table,
 )
 from celery_dflock.client.clients import Client, ClientSettings, Lease
@@ -105,16 +97,16 @@ def check_setting_names(conf: Any, namespace: str | None = None) -> None:
     for raw in list(conf.keys()):
         name = str(raw)
         lowered = name.lower().removeprefix(spaced)
-        if not lowered.startswith("dflock_") or lowered in KNOWN_SETTINGS:
+        if not lowered.startswith("dflock_") or lowered in _settings.KNOWN_SETTINGS:
             continue
-        current = sorted(KNOWN_SETTINGS - RENAMED_SETTINGS.keys())
+        current = sorted(_settings.KNOWN_SETTINGS - RENAMED_SETTINGS.keys())
         raise DflockConfigError(
             f"app.conf.{name} is not a celery-dflock setting"
             f"{close_matches(lowered, current, cutoff=0.6)} (the settings: {', '.join(current)})"
         )
 
 
-def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, Any]:
+def read_settings(conf: Any, specs: tuple[_settings.Spec[Any], ...]) -> dict[str, Any]:
     """Setting name -> its value in ``conf``, checked, or its default when unset."""
     return {spec.name: spec.read(_spelt(conf, spec.name)[1], spec.name) for spec in specs}
 
@@ -136,9 +128,9 @@ class DflockConfig:
         """Read and validate the ``dflock_*`` settings of a Celery ``app.conf`` (``namespace``:
         the app's, as `check_setting_names` takes it)."""
         check_setting_names(conf, namespace)
-        got = read_settings(conf, APP_SETTING_SPECS)
+        got = read_settings(conf, _settings.APP_SETTING_SPECS)
         spelt = {option: _spelt(conf, setting) for option, setting in SETTINGS.items()}
-        defaults = read_options(
+        defaults = _settings.read_options(
             {option: value for option, (_, value) in spelt.items()},
             lambda option: f"app.conf.{spelt[option][0]}",
             what="the dflock_* settings",
@@ -181,18 +173,18 @@ class LockOptions:
     """The lock options of one task run, every layer resolved (`resolve_options`): one field
     per `LOCK_OPTION_SPECS` row, as `GivenOptions`, and `timeout_given`."""
 
-    key: KeySource
+    key: _settings.KeySource
     timeout: float
     ttl: Lease | None
-    on_locked: OnLocked
+    on_locked: _settings.OnLocked
     limit: int | None
-    on_lock_lost: OnLockLost
+    on_lock_lost: _settings.OnLockLost
     retry_countdown: float
     retry_backoff_max: float
     max_retries: int | None
     retry_jitter: bool
-    lock_from: LockFrom
-    on_duplicate: OnDuplicate
+    lock_from: _settings.LockFrom
+    on_duplicate: _settings.OnDuplicate
     pending_ttl: int
     timeout_given: bool
     """Whether ``lock_timeout`` was set (False: ``timeout`` is the policy's default)."""
