@@ -77,8 +77,7 @@ def _spelt(conf: Any, name: str) -> tuple[str, object]:
     Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``); an old name's spelling warns."""
     old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
     for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
-        value: object = conf.get(spelling)
-        if value is not None:
+        if (value := conf.get(spelling)) is not None:
             if spelling.lower() != name:
                 warnings.warn(
                     f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
@@ -94,8 +93,7 @@ def check_setting_names(conf: Any, namespace: str | None = None) -> None:
     """Refuse a ``dflock_*`` setting (any case; with the app's ``namespace``, ``CELERY``, also
     ``CELERY_DFLOCK_*``) that this package does not read."""
     spaced = f"{namespace.lower()}_" if namespace else ""
-    for raw in list(conf.keys()):
-        name = str(raw)
+    for name in map(str, list(conf.keys())):
         lowered = name.lower().removeprefix(spaced)
         if not lowered.startswith("dflock_") or lowered in _settings.KNOWN_SETTINGS:
             continue
