@@ -125,10 +125,11 @@ def key_not_unique(target: str, key: Iterable[str], said: str) -> InvalidValueEr
     )
 
 
+_NO_SUCH_COLUMN: Final = ("does not exist", "no such column", "unknown column", "has no column")
+"""What the databases say of a column that is not there (with its name)."""
+
+
 def no_such_column(said: str, column: str) -> bool:
     """Whether a database's error text ``said`` says ``column`` is not there."""
     said = said.lower()
-    return column.lower() in said and any(
-        words in said
-        for words in ("does not exist", "no such column", "unknown column", "has no column")
-    )
+    return column.lower() in said and any(words in said for words in _NO_SUCH_COLUMN)
