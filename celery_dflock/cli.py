@@ -72,10 +72,8 @@ class ServerReport:
         """What a reachable server does not support, of what this command uses or reports."""
         if self.server is None:
             return []
-        missing = [f for f in _REPORTED_FEATURES if not self.server.supports(f)]
-        if self.stats is not None:
-            missing = [f for f in missing if f != FEATURE_STATS]
-        return missing
+        answered = () if self.stats is None else (FEATURE_STATS,)  # supported, whatever hello said
+        return [f for f in _REPORTED_FEATURES if not self.server.supports(f) and f not in answered]
 
     @property
     def note(self) -> str:
