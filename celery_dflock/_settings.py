@@ -345,12 +345,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         check_countdown,
         'First retry countdown of `on_locked="retry"`, doubled per retry.',
     ),
-    _option(
-        "lock_retry_backoff_max",
-        60.0,
-        check_countdown,
-        "Longest retry countdown.",
-    ),
+    _option("lock_retry_backoff_max", 60.0, check_countdown, "Longest retry countdown."),
     _option(
         "lock_max_retries",
         None,
