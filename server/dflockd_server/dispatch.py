@@ -40,7 +40,6 @@ log = logging.getLogger("dflockd_server")
 
 _AUTH: Final = c.CMD_AUTH.encode()
 _LOCK: Final = c.CMD_LOCK.encode()
-_HOLD: Final = c.CMD_HOLD.encode()
 _TAKE: Final = c.CMD_TAKE.encode()
 _ENQUEUE: Final = c.CMD_ENQUEUE.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
@@ -227,7 +226,8 @@ class Session:
         return {
             command.encode(): route
             for commands, route in (
-                ((c.CMD_LOCK, c.CMD_SEM_LOCK, c.CMD_HOLD), Session._acquire),
+                ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
+                ((c.CMD_HOLD,), Session._hold),
                 ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
                 ((c.CMD_RENEW, c.CMD_SEM_RENEW), Session._renew),
                 ((c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE), Session._enqueue),
@@ -246,15 +246,9 @@ class Session:
         }
 
     def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``l`` / ``sl``, and ``hl``: a lock acquire with an owner note, bound to the
-        connection or detached."""
         limit: int | None = None
-        note: str | None = None
-        detached = False
         if cmd == _LOCK:
             name, timeout, lease = p.parse_lock(key, arg)
-        elif cmd == _HOLD:
-            name, timeout, lease, detached, note = p.parse_hold(key, arg)
         else:
             name, timeout, limit, lease = p.parse_sem_lock(key, arg)
         if lease is not None and lease > self.max_lease:
@@ -266,17 +260,44 @@ class Session:
         table = self.table
         if (journal := self.grants.journal) is not None and not journal.writable:
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
-        ttl = lease or self.default_lease  # (a hold's lease is never 0)
+        ttl = lease or self.default_lease
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
-        queue = timeout > 0 and not self.eof
         try:
-            got = table.acquire(self.client, name, ttl, limit, note, detached, queue=queue)
+            got = table.acquire(self.client, name, ttl, limit, queue=timeout > 0 and not self.eof)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
-            return p.REPLY_TIMEOUT if note is None else p.reply_held_by(table.holder_note(name))
+            return p.REPLY_TIMEOUT
+        if type(got) is Holder:
+            return p.reply_granted(got.token, got.lease_ttl)
+        assert isinstance(got, Waiter)
+        return self._later(Wait(got, timeout))
+
+    def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
+        name, timeout, lease, detached, note = p.parse_hold(key, arg)
+        if lease > self.max_lease:
+            return self._too_long(lease)
+        if self.host.key_check is not None and (refused := self._check(name)) is not None:
+            return refused
+        if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
+        table = self.table
+        journal = self.grants.journal
+        if journal is not None and not journal.writable:
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
+        if lease > self.grants.lease_noted and self.grants.note_lease is not None:
+            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
+        table.grants.asking = self.asking
+        queue = timeout > 0 and not self.eof
+        try:
+            got = table.acquire(self.client, name, lease, None, note, detached, queue=queue)
+        except _REFUSALS as exc:
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
+        if got is None:
+            return p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
             return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
