@@ -152,6 +152,28 @@ def test_rebalance_before_the_first_map_writes_the_first_map(
     assert rebalance(etcd, prefix).plan == []  # balanced: nothing more to do
 
 
+def test_rebalance_while_the_first_map_is_being_written_is_refused(
+    etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """The leader writes the first map in batches: a rebalance that read it halfway (a member
+    started with ``dflockd rebalance`` right after it, as a deployment script would) planned
+    moves for the shards not written yet, each a target and no current member, which no
+    member serves before a whole failover wait (the longest lease and its margin: over five
+    minutes by default). It is refused until the map is whole, and writes nothing."""
+    prefix = etcd_prefix.rstrip("/")
+    keys = ClusterKeys(prefix)
+    for member in ("b:1", "a:1"):
+        put(etcd, keys.member(member), member)
+    first = ShardMap.initial(["a:1"])
+    written = {s: ShardWrite(0, first[s]) for s in range(MAX_TXN_OPS)}  # the leader's first batch
+    assert len(write_shards(etcd, keys.shards, written).written) == MAX_TXN_OPS
+    with pytest.raises(ClusterOpError, match=r"first shard map .* is still being written"):
+        rebalance(etcd, prefix)
+    shard_map = read_view(etcd, prefix).shard_map
+    assert len(shard_map) == MAX_TXN_OPS
+    assert all(a.current for _, a in shard_map.items()), "a shard with no member to serve it"
+
+
 class WrittenMeanwhile(EtcdClient):
     """The real client to the real etcd; after its first read of the whole cluster, the shard
     record ``key`` is written (as a member writes it at a step of a handover) before the

@@ -149,7 +149,9 @@ class Fleet:
         and wait until each serves its share and no shard moves. Settled alone is not enough:
         the leader evens out a member that joined only once membership has been still for 10 s
         (``AUTO_REBALANCE_S``), so until then the first member serves every shard, and a key
-        picked as its own moves away under the test."""
+        picked as its own moves away under the test. The rebalance waits for the leader's
+        whole first map (it refuses one written halfway)."""
+        self.wait_settled("the first shard map written whole")
         rebalance(self.etcd, self.prefix)
         everyone = sorted(m.advertise for m in self.members)
         wait_until(

@@ -103,6 +103,13 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     view = _found(client, prefix)
     if not view.members:
         raise ClusterOpError(f"no live member under {prefix!r}: nothing to balance over")
+    if 0 < (written := len(view.shard_map)) < SHARD_COUNT:
+        # Planned over, the shards not written yet would get a target and no current member:
+        # nobody serves them before a whole failover wait.
+        raise ClusterOpError(
+            f"the first shard map under {prefix!r} is still being written ({written} of "
+            f"{SHARD_COUNT} shards): run rebalance again in a moment"
+        )
     plan = view.shard_map.rebalance_plan(view.members)
     if dry_run or not plan:
         return RebalanceResult(plan, [], [])
