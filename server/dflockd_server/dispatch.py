@@ -391,11 +391,15 @@ class Session:
         raised its fencing counter for the shard since it started, or it lost etcd) and the
         token holds it here: the holder asks again while its lease runs. ``error`` when the
         shard is another member's, or the token holds nothing here: the holder sees the loss."""
-        check = self.host.key_check
-        unavailable = check is not None and check(name) == p.REPLY_ERROR_UNAVAILABLE
-        if unavailable and self.table.holds(name, token):
+        if self._cannot_tell(name) and self.table.holds(name, token):
             return p.REPLY_ERROR_UNAVAILABLE
         return p.REPLY_ERROR
+
+    def _cannot_tell(self, key: str) -> bool:
+        """Whether this cluster member cannot tell yet whether it serves ``key`` (its fencing
+        counter not raised for the shard since it started, or etcd lost)."""
+        check = self.host.key_check
+        return check is not None and check(key) == p.REPLY_ERROR_UNAVAILABLE
 
     def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         limit: int | None = None
@@ -489,10 +493,8 @@ class Session:
         # Refused for keys this member may not renew now: as `_unconfirmed` answers their
         # renewals, `error_unavailable` when it cannot tell whether it serves any of them (the
         # client asks again while the session runs), `error` when one is another member's.
-        check = self.host.key_check
         refused = [key for key in self.table.session_keys(session_id) if not hold_check(key)]
-        unavailable = p.REPLY_ERROR_UNAVAILABLE
-        if refused and check is not None and all(check(key) == unavailable for key in refused):
+        if refused and all(map(self._cannot_tell, refused)):
             return p.REPLY_ERROR_UNAVAILABLE
         return p.REPLY_ERROR
 
