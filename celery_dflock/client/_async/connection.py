@@ -269,13 +269,10 @@ class AsyncConnection:
         ``error_unavailable`` (a cluster member that cannot tell yet whether it serves the
         session's keys: asked again while the session runs)."""
         sent = time.monotonic()
-        try:
-            reply = await self.request(
-                Command.PING, _requests.encode_keepalive(session.id), timeout
-            )
-        except DflockError:
-            return None
-        if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_UNAVAILABLE:
+        reply = await self._ping(_requests.encode_keepalive(session.id), timeout)
+        if reply is None or (
+            isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_UNAVAILABLE
+        ):
             return None
         if kept := isinstance(reply, _replies.Ok):
             session.answered(sent, renewed=True)
@@ -312,11 +309,16 @@ class AsyncConnection:
     async def ping(self, timeout: float = REPLY_GRACE_S) -> bool | None:
         """``ping``: True answered ``ok``, False refused, None no answer (the request closed
         the connection)."""
+        reply = await self._ping(_requests.PING_REQUEST, timeout)
+        return None if reply is None else isinstance(reply, _replies.Ok)
+
+    async def _ping(self, data: bytes, timeout: float) -> Reply | None:
+        """A ``ping``'s reply (``data``: a keep-alive's too); None when none came (the request
+        closed the connection)."""
         try:
-            reply = await self.request(Command.PING, _requests.PING_REQUEST, timeout)
+            return await self.request(Command.PING, data, timeout)
         except DflockError:
             return None
-        return isinstance(reply, _replies.Ok)
 
     @property
     def closed(self) -> bool:
