@@ -13,12 +13,13 @@ import ssl
 import threading
 from collections.abc import AsyncIterator, Callable
 from types import FrameType
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 from celery_dflock import AsyncClient, AsyncConnectionPool, Client, ConnectionPool
 from celery_dflock.client._core import LockCore
+from celery_dflock.client._router import KeyRoute
 from celery_dflock.client._sync.held import Holding
 from dflockd_server.testing import ServerThread
 from tests.client.faces import ASYNCIO, BLOCKING, Face, Maker, until
@@ -289,3 +290,79 @@ def test_an_acquire_interrupted_once_it_read_its_grant_leaves_no_held_key(
             assert taken.acquire(), "the interrupted acquire's grant is held by nobody"
             assert taken.release()
         assert other.release()
+
+
+@pytest.mark.parametrize("after", ["on_grant_reply", "end_acquire"])
+def test_an_enqueue_interrupted_once_it_read_queued_leaves_no_place_and_no_held_key(
+    dflock_server: ServerThread, monkeypatch: pytest.MonkeyPatch, after: str
+) -> None:
+    """A signal's exception (Ctrl-C, a soft time limit) after the server answered ``queued``:
+    ``enqueue`` raises, so its caller never learns of the place and calls neither ``wait`` nor
+    ``release``. The place, granted in its turn, was the client session's grant, kept by the
+    keep-alives of the client's other lock with nobody knowing its token. The interrupted
+    enqueue leaves the queue (a grant that came meanwhile is released)."""
+    owner = LockCore if after == "on_grant_reply" else KeyRoute
+    original = getattr(owner, after)
+    armed: list[bool] = []
+
+    def interrupted_after(self: object, *args: object, **kwargs: object) -> object:
+        result = original(self, *args, **kwargs)
+        if armed:
+            armed.clear()
+            raise Interrupted
+        return result
+
+    monkeypatch.setattr(owner, after, interrupted_after)
+    with Client([dflock_server.address]) as client, Wire(dflock_server.address) as holder:
+        other = client.lock("other")
+        assert other.acquire()  # keeps the client's session alive
+        status, token, _ = holder.req("l", "k", "0").split()
+        assert status == "ok"
+        lock = client.lock("k")
+        armed.append(True)
+        with pytest.raises(Interrupted):
+            lock.enqueue()
+        assert not armed, "not interrupted"
+        assert not lock.locked()
+        assert holder.req("r", "k", token) == "ok"  # the key passes to the place, if any
+        with Client([dflock_server.address], acquire_timeout_s=FREED_WITHIN_S) as rival:
+            taken = rival.lock("k")
+            assert taken.acquire(), "the interrupted enqueue's place holds the key"
+            assert taken.release()
+        assert other.release()
+
+
+async def test_an_enqueue_cancelled_once_it_read_queued_leaves_no_place_and_no_held_key(
+    dflock_server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio face of the above: the cancellation comes once ``queued`` was read."""
+    original = LockCore.on_grant_reply
+    armed: list[bool] = []
+
+    def cancelled_after(self: LockCore, *args: Any, **kwargs: Any) -> bool:
+        result = original(self, *args, **kwargs)
+        if armed:
+            armed.clear()
+            raise asyncio.CancelledError
+        return result
+
+    monkeypatch.setattr(LockCore, "on_grant_reply", cancelled_after)
+    async with AsyncClient([dflock_server.address]) as client:
+        with Wire(dflock_server.address) as holder:
+            other = client.lock("other")
+            assert await other.acquire()  # keeps the client's session alive
+            status, token, _ = holder.req("l", "k", "0").split()
+            assert status == "ok"
+            lock = client.lock("k")
+            armed.append(True)
+            with pytest.raises(asyncio.CancelledError):
+                await lock.enqueue()
+            assert not armed, "not cancelled"
+            assert holder.req("r", "k", token) == "ok"  # the key passes to the place, if any
+        async with AsyncClient(
+            [dflock_server.address], acquire_timeout_s=FREED_WITHIN_S
+        ) as rival_client:
+            taken = rival_client.lock("k")
+            assert await taken.acquire(), "the cancelled enqueue's place holds the key"
+            assert await taken.release()
+        assert await other.release()

@@ -19,7 +19,7 @@ from typing import Self
 from celery_dflock.client import _by_token, _requests, errors
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState
-from celery_dflock.client._replies import Asked, Ok, Renewed, Reply, TimedOut
+from celery_dflock.client._replies import Asked, Ok, Queued, Renewed, Reply, TimedOut
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client._servers import Hold
 from celery_dflock.client._settings import (
@@ -143,12 +143,19 @@ class LockBase:
     def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking: ``"acquired"`` (held now) or
         ``"queued"`` (then call `wait`). `LockNotAcquired` when a cluster hand-over outlasted
-        ``acquire_timeout_s``: neither held nor queued."""
+        ``acquire_timeout_s``: neither held nor queued. Interrupted (a signal's exception, a
+        cancellation), it leaves the queue."""
         core = self._core
-        if self._grant(core.enqueue_request):
-            return ACQUIRED
-        if core.state is LockState.ENQUEUED:
-            return QUEUED
+        try:
+            if self._grant(core.enqueue_request):
+                return ACQUIRED
+            if core.state is LockState.ENQUEUED:
+                return QUEUED
+        except BaseException:
+            if core.state is LockState.ENQUEUED:  # its caller never learns of the place
+                with self._holding.op_lock:
+                    self._holding.release_locked()
+            raise
         raise errors.LockNotAcquired(
             core.routing.handover
             or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
@@ -300,7 +307,9 @@ class LockBase:
                     holding.checkin(conn)
                 return granted
             except BaseException:
-                if holding.conn is not conn:
+                if isinstance(reply, Queued):  # interrupted once queued: `enqueue` leaves it
+                    core.state, holding.conn = LockState.ENQUEUED, conn
+                elif holding.conn is not conn:
                     conn.close()
                 raise
 
