@@ -76,7 +76,7 @@ def refuse_key_misuse(
     """An upsert's ``key`` with a None value (NULL conflicts with no row, so each call would
     insert a new row no fence guards), or ``values`` giving a column of ``key`` another value."""
     nulls = [name for name, value in key.items() if value is None]
-    both = [name for name in key if name in values and values[name] != key[name]]
+    both = [name for name in key if name in values and _differs(values[name], key[name])]
     if not nulls and not both:
         return
     where = f"fenced upsert into {target() if callable(target) else target}"
@@ -89,6 +89,15 @@ def refuse_key_misuse(
         f"{where}: values give the key's {', '.join(both)} another value; the row's key is "
         "key's (leave it out of values)"
     )
+
+
+def _differs(given: object, key: object) -> bool:
+    """Whether ``given`` is not the key's value; an expression counts as another value (a
+    SQLAlchemy clause's ``!=`` builds a clause, whose truth raises ``TypeError``)."""
+    try:
+        return bool(given != key)
+    except TypeError:
+        return True
 
 
 def upsert_elsewhere(target: str) -> InvalidValueError:

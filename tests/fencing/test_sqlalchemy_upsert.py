@@ -177,6 +177,11 @@ def test_bad_arguments_are_named(engine: sa.Engine) -> None:
         # the key's own column in values: the key's value was written, the other dropped
         with pytest.raises(InvalidValueError, match="values give the key's id another value"):
             fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values={"id": 2, "balance": 1})
+        # with an expression for it in values: comparing the two raised SQLAlchemy's
+        # "TypeError: Boolean value of this clause is not defined" (`expr != None`)
+        with pytest.raises(InvalidValueError, match="key id is None"):
+            values = {"id": sa.literal(1) + 1, "balance": 1}
+            fenced_upsert(db, ACCOUNTS, key={"id": None}, fence=1, values=values)
     assert row(engine, 1) is None and row(engine, 2) is None
     with engine.begin() as db:  # the key's own value again in values: the same row
         fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values={"id": 1, "balance": 1})
