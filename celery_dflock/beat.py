@@ -491,19 +491,16 @@ class SingletonScheduler(Scheduler):
                 return STANDBY_RETURN_S
         if leader.term != self._term_seen:
             self._drop_store()  # opened in an earlier term: read what the leaders since wrote
-            self._open_store()
+            self._store_open = True
+            try:
+                self._base().setup_schedule()
+            except BaseException:
+                self._drop_store()
+                raise
             if not self._store_open:  # the lock was lost while the store was being set up
                 return STANDBY_RETURN_S
             self._take_over(leader.term)
         return cast("float", self._base().tick(*args, **kwargs))
-
-    def _open_store(self) -> None:
-        self._store_open = True
-        try:
-            self._base().setup_schedule()
-        except BaseException:
-            self._drop_store()
-            raise
 
     def _drop_store(self) -> None:
         """Close the wrapped store without writing to it: this beat is no longer the leader.
@@ -554,8 +551,7 @@ class SingletonScheduler(Scheduler):
                 logger.warning("beat: cannot restart entry %r from now: %s", name, exc)
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
         again = cast("Mapping[str, Any]", cast("Any", self).schedule)
-        # A scheduler that reads its entries afresh from a shared store at every access
-        # (RedBeat) keeps their last runs there: the reset above did not stick.
+        # A scheduler that re-reads a shared store at every access (RedBeat) undoes the reset.
         next_runs = (
             "continues from the last run its store recorded"
             if any(again.get(name) is not entry for name, entry in schedule.items())
@@ -663,12 +659,10 @@ class SingletonScheduler(Scheduler):
 
 
 def _close_on_sigterm(sender: Any, **_: object) -> None:
-    """``celery worker -B``: the worker stops its embedded beat's process with SIGTERM, and
-    billiard's handler there exits (Celery then closes the scheduler on its way out) with the
-    next SIGTERM left at its default; the worker sends one more as it exits, which killed the
-    process in the middle of that close, and this beat's lock stayed held for its session's
-    time while no beat sent. Here a stop closes the scheduler (the lock released) with further
-    stops ignored, then exits, as ``celery beat`` does on its own."""
+    """``celery worker -B`` stops its embedded beat with SIGTERM, then sends one more as it
+    exits, which (left at its default) would kill the process in the middle of the close and
+    keep the lock held for its session's time. Here a stop closes the scheduler (the lock
+    released) with further stops ignored, then exits, as ``celery beat`` does on its own."""
     if not isinstance(sender.scheduler, SingletonScheduler):
         return
 
