@@ -108,9 +108,6 @@ def check_session_ttl(value: object, where: str) -> int:
     )
 
 
-check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
-
-
 def check_key(value: object, where: str) -> KeySource:
     if isinstance(value, str) or callable(value):
         return cast("KeySource", value)
@@ -285,116 +282,60 @@ def _option(
 
 
 LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
-    _option(
-        "lock_key",
-        None,
-        check_key,
+    _option("lock_key", None, check_key,
         "A format template over the task's arguments (defaults applied): "
-        '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
-        "the key; or `None`: the task "
-        "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
-        "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
-        "prefix + digest).",
-        app_wide=False,
-    ),
-    _option(
-        "lock_timeout",
-        None,
-        check_countdown,
-        "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
-        'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
-        'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
-        '`"raise"`.',
-    ),
-    _option(
-        "lock_ttl",
-        None,
-        check_lease,
-        "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
-        "`lock_ttl * dflock_renew_ratio` while the body runs.",
-    ),
-    _option(
-        "on_locked",
-        "retry",
-        one_of(get_args(OnLocked)),
-        'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
-        "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
-        'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
-        '`"raise"` (the run fails with `LockNotAcquired`).',
-    ),
-    _option(
-        "lock_limit",
-        None,
-        partial(check_limit, error=DflockConfigError),
-        "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
-        "is one resource: while runs with one limit hold it, a run with another (a lock is "
-        "limit 1) is refused at once and `on_locked` applies.",
-        app_wide=False,
-    ),
-    _option(
-        "on_lock_lost",
-        "interrupt",
-        one_of(get_args(OnLockLost)),
+        '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning the '
+        "key; or `None`: the task name plus a digest of all arguments (canonical JSON, so UUID, "
+        "datetime and Decimal arguments work). Keys with whitespace or over 256 bytes are made "
+        "valid (readable prefix + digest).", app_wide=False),
+    _option("lock_timeout", None, check_countdown,
+        "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on the "
+        'wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the key in '
+        'the worker, holding its pool slot, then retries), 0 with `"skip"` and `"raise"`.'),
+    _option("lock_ttl", None, check_lease,
+        "Lease in seconds (`None`: the server's, 33 s by default); renewed every `lock_ttl * "
+        "dflock_renew_ratio` while the body runs."),
+    _option("on_locked", "retry", one_of(get_args(OnLocked)),
+        'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and jitter, '
+        "up to `lock_max_retries` times, then the task fails with `LockNotAcquired` saying the "
+        'retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or `"raise"` (the '
+        "run fails with `LockNotAcquired`)."),
+    _option("lock_limit", None, partial(check_limit, error=DflockConfigError),
+        "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key is "
+        "one resource: while runs with one limit hold it, a run with another (a lock is limit 1) "
+        "is refused at once and `on_locked` applies.", app_wide=False),
+    _option("on_lock_lost", "interrupt", one_of(get_args(OnLockLost)),
         'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
         '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
-        "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
-    ),
-    _option(
-        "lock_retry_countdown",
-        1.0,
-        check_countdown,
-        'First retry countdown of `on_locked="retry"`, doubled per retry.',
-    ),
+        "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case."),
+    _option("lock_retry_countdown", 1.0, check_countdown,
+        'First retry countdown of `on_locked="retry"`, doubled per retry.'),
     _option("lock_retry_backoff_max", 60.0, check_countdown, "Longest retry countdown."),
-    _option(
-        "lock_max_retries",
-        None,
-        check_max_retries,
-        'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
-        "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
-        "task's `max_retries` is left to its own `self.retry` calls.",
-    ),
-    _option(
-        "lock_retry_jitter",
-        True,
-        check_bool,
-        "Randomise each countdown between half and all of it.",
-    ),
-    _option(
-        "lock_from",
-        "run",
-        one_of(
-            get_args(LockFrom),
-            "'run' (the key is taken when the run starts) or 'publish' (taken when the task is "
-            "sent, held until its run ends: queue-once)",
-        ),
+    _option("lock_max_retries", None, check_max_retries,
+        'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no run '
+        "is dropped because its key was busy. Counted apart from Celery's `retries`: the task's "
+        "`max_retries` is left to its own `self.retry` calls."),
+    _option("lock_retry_jitter", True, check_bool,
+        "Randomise each countdown between half and all of it."),
+    _option("lock_from", "run",
+        one_of(get_args(LockFrom), "'run' (the key is taken when the run starts) or 'publish' "
+            "(taken when the task is sent, held until its run ends: queue-once)"),
         '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
         "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
         "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
-        "gets); needs celery-dflock's server. Not with `lock_limit`.",
-    ),
-    _option(
-        "on_duplicate",
-        "return",
-        one_of(
-            get_args(OnDuplicate),
-            "'return' (the duplicate publish returns the queued task's AsyncResult) or 'raise' "
-            "(it raises AlreadyQueued)",
-        ),
+        "gets); needs celery-dflock's server. Not with `lock_limit`."),
+    _option("on_duplicate", "return",
+        one_of(get_args(OnDuplicate), "'return' (the duplicate publish returns the queued "
+            "task's AsyncResult) or 'raise' (it raises AlreadyQueued)"),
         'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
         "and returns the `AsyncResult` of the task holding the key; "
-        '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
-    ),
-    _option(
-        "lock_pending_ttl",
-        DEFAULT_MAX_LEASE_TTL_S,
-        check_lease,
-        'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
-        "from the send, or from when a delayed message (`countdown`/`eta`) is due; a message no "
-        "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
-        "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
-    ),
-)
+        '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).'),
+    _option("lock_pending_ttl", DEFAULT_MAX_LEASE_TTL_S, check_lease,
+        'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted from '
+        "the send, or from when a delayed message (`countdown`/`eta`) is due; a message no worker "
+        "takes by then (a purged queue, a lost message) frees it. A retry keeps the key as long. "
+        "At most the server's `--max-lease-ttl` (300 s unless raised)."),
+)  # fmt: skip
 """Every lock option, once: every other listing derives from it."""
 
 LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
@@ -543,95 +484,50 @@ def check_task_locks(value: object, where: str) -> Mapping[str, GivenOptions]:
 
 
 APP_SETTING_SPECS: Final = (
-    _setting(
-        "dflock_servers",
-        DEFAULT_SERVERS,
-        parse_servers,
+    _setting("dflock_servers", DEFAULT_SERVERS, parse_servers,
         '`"host:port,host:port"` or a list of `(host, port)`, each server once; keys are sharded '
-        "over them. Every worker and beat of one deployment must name the same servers in the "
-        "same order.",
-        shown=repr(",".join(f"{host}:{port}" for host, port in DEFAULT_SERVERS)),
-    ),
-    _setting(
-        "dflock_sharding_strategy",
-        sharding.stable_hash_shard,
-        check_sharding,
-        '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, '
-        '`"module:function"` or a callable `(key, n_servers) -> index`; or `"cluster"`: '
-        "`dflock_servers` are seeds of a cluster (`dflockd --cluster`), which says where each "
-        "key lives.",
-        shown=repr("stable_hash"),
-    ),
-    _setting("dflock_auth_token", None, check_auth, "Shared secret, when the servers require one."),
+        "over them. Every worker and beat of one deployment must name the same servers in the same "
+        "order.", shown=repr(",".join(f"{host}:{port}" for host, port in DEFAULT_SERVERS))),
+    _setting("dflock_sharding_strategy", sharding.stable_hash_shard, check_sharding,
+        '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, `"module:function"` '
+        'or a callable `(key, n_servers) -> index`; or `"cluster"`: `dflock_servers` are seeds of '
+        "a cluster (`dflockd --cluster`), which says where each key lives.",
+        shown=repr("stable_hash")),
+    _setting("dflock_auth_token", None, partial(check_auth_token, error=DflockConfigError),
+        "Shared secret, when the servers require one."),
     _setting("dflock_ssl", None, check_ssl, "`True` (TLS, system CAs) or an `ssl.SSLContext`."),
-    _setting(
-        "dflock_connect_timeout",
-        DEFAULT_CONNECT_TIMEOUT_S,
-        check_connect_timeout,
-        "Seconds to connect to a server.",
-    ),
-    _setting(
-        "dflock_session_ttl",
-        DEFAULT_SESSION_TTL_S,
-        check_session_ttl,
-        "Seconds of each worker's session with a lock server, kept alive every third of it: "
-        "a stall of the server, the network or the worker shorter than about two thirds of "
-        "it costs no lock; a worker killed outright (not a pool child: its worker frees those "
-        "at once) keeps its keys this long. At least 2, at most the server's `--max-lease-ttl`.",
-    ),
-    _setting(
-        "dflock_renew_ratio",
-        DEFAULT_RENEW_RATIO,
+    _setting("dflock_connect_timeout", DEFAULT_CONNECT_TIMEOUT_S, check_connect_timeout,
+        "Seconds to connect to a server."),
+    _setting("dflock_session_ttl", DEFAULT_SESSION_TTL_S, check_session_ttl,
+        "Seconds of each worker's session with a lock server, kept alive every third of it: a "
+        "stall of the server, the network or the worker shorter than about two thirds of it costs "
+        "no lock; a worker killed outright (not a pool child: its worker frees those at once) "
+        "keeps its keys this long. At least 2, at most the server's `--max-lease-ttl`."),
+    _setting("dflock_renew_ratio", DEFAULT_RENEW_RATIO,
         partial(check_renew_ratio, error=DflockConfigError),
-        "Renew a held lock at this fraction of its lease.",
-    ),
-    _setting(
-        "dflock_key_prefix",
-        "",
-        check_string,
-        "Put in front of every key (several projects on one server).",
-    ),
-    _setting(
-        "dflock_task_locks",
-        MappingProxyType[str, GivenOptions]({}),
-        check_task_locks,
+        "Renew a held lock at this fraction of its lease."),
+    _setting("dflock_key_prefix", "", check_string,
+        "Put in front of every key (several projects on one server)."),
+    _setting("dflock_task_locks", MappingProxyType[str, GivenOptions]({}), check_task_locks,
         "Task name -> lock options, for tasks you cannot edit (installed by "
-        "`celery_dflock.signals.install(app)`).",
-        shown="{}",
-    ),
-)
+        "`celery_dflock.signals.install(app)`).", shown="{}"),
+)  # fmt: skip
 """App-wide settings that are not a lock option's default (those are in `LOCK_OPTION_SPECS`)."""
 BEAT_SETTING_SPECS: Final = (
-    _setting(
-        "dflock_beat_lock_key",
-        None,
-        partial(check_string, empty=False),
+    _setting("dflock_beat_lock_key", None, partial(check_string, empty=False),
         "Key of the leader lock (with `dflock_key_prefix` in front).",
-        shown=repr(DEFAULT_BEAT_KEY_PREFIX + "<app.main>"),
-    ),
-    _setting(
-        "dflock_beat_scheduler",
-        None,
+        shown=repr(DEFAULT_BEAT_KEY_PREFIX + "<app.main>")),
+    _setting("dflock_beat_scheduler", None,
         lambda value, _where: value,  # a class or "module:Class": checked by celery_dflock.beat
         'The scheduler that does the work: `"module:Class"` or the class. Unset: the app\'s '
         "`beat_scheduler`, or `celery.beat:PersistentScheduler` when that names "
-        "`SingletonScheduler`.",
-        shown="beat_scheduler",
-    ),
-    _setting(
-        "dflock_beat_lease_ttl",
-        DEFAULT_BEAT_LEASE_TTL_S,
-        check_lease,
-        "Lease seconds of the leader lock: how long a hung beat blocks a failover.",
-    ),
-    _setting(
-        "dflock_beat_nonoverlap",
-        False,
-        check_bool,
+        "`SingletonScheduler`.", shown="beat_scheduler"),
+    _setting("dflock_beat_lease_ttl", DEFAULT_BEAT_LEASE_TTL_S, check_lease,
+        "Lease seconds of the leader lock: how long a hung beat blocks a failover."),
+    _setting("dflock_beat_nonoverlap", False, check_bool,
         "Every task beat sends runs under a per-entry lock (`beat-entry:<entry name>`), "
-        '`on_locked="skip"`.',
-    ),
-)
+        '`on_locked="skip"`.'),
+)  # fmt: skip
 """The singleton beat's settings (read by `celery_dflock.beat.BeatSettings`)."""
 
 APP_SETTINGS: Final = tuple(spec.name for spec in APP_SETTING_SPECS)
