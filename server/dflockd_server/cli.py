@@ -273,6 +273,8 @@ def _start_up_warnings(
             "ran before with another file (or a lost volume), fences may be smaller than those "
             "it handed out then"
         )
+    if (room := make_room_for_connections(config.max_connections)) is not None:
+        yield room  # after raising the open-file limit as far as it goes
 
 
 def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> Iterator[str]:
@@ -295,9 +297,6 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
     """Run until SIGTERM, SIGINT or SIGHUP, then shut down gracefully (a second one ends the
     drain at once)."""
     warnings = list(_start_up_warnings(config, environ, argv))  # before the state file is written
-    room = make_room_for_connections(config.max_connections)  # raises the open-file limit
-    if room is not None:
-        warnings.append(room)
     server = Server(config)
     await server.start()
     host, port = server.sockname

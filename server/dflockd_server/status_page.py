@@ -254,7 +254,6 @@ def _page(title: str, refresh: int, parts: Iterable[str]) -> str:
 
 def _banners(stats: dict[str, Any]) -> list[str]:
     """One banner per degraded state the snapshot lists, the errors first; else "Healthy"."""
-
     found = _items(stats, "degraded")
     if not found:
         return ['<p class="banner ok" data-condition="healthy"><strong>Healthy</strong>: '
