@@ -32,32 +32,17 @@ if TYPE_CHECKING:
 __all__ = ["COMMAND_NAMES", "MetricsError", "MetricsExporter", "RequestTimes", "Snapshot"]
 
 _INVALID = "invalid"
-COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        c.CMD_LOCK: "acquire",
-        c.CMD_RENEW: "renew",
-        c.CMD_RELEASE: "release",
-        c.CMD_ENQUEUE: "enqueue",
-        c.CMD_WAIT: "wait",
-        c.CMD_SEM_LOCK: "semaphore_acquire",
-        c.CMD_SEM_ENQUEUE: "semaphore_enqueue",
-        c.CMD_SEM_WAIT: "semaphore_wait",
-        c.CMD_SEM_RENEW: "semaphore_renew",
-        c.CMD_SEM_RELEASE: "semaphore_release",
-        c.CMD_AUTH: "auth",
-        c.CMD_STATS: "stats",
-        c.CMD_PING: "ping",
-        c.CMD_HELLO: "hello",
-        c.CMD_SHARDS: "shards",
-        c.CMD_HOLD: "hold",
-        c.CMD_NOTE: "note",
-        c.CMD_TAKE: "take_over",
-        c.CMD_HAND_DOWN: "hand_down",
-        c.CMD_ASKING: "asking",
-        c.CMD_FORCE_RELEASE: "force_release",
-        _INVALID: _INVALID,
-    }
-)
+COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType({
+    c.CMD_LOCK: "acquire", c.CMD_RENEW: "renew", c.CMD_RELEASE: "release",
+    c.CMD_ENQUEUE: "enqueue", c.CMD_WAIT: "wait",
+    c.CMD_SEM_LOCK: "semaphore_acquire", c.CMD_SEM_ENQUEUE: "semaphore_enqueue",
+    c.CMD_SEM_WAIT: "semaphore_wait", c.CMD_SEM_RENEW: "semaphore_renew",
+    c.CMD_SEM_RELEASE: "semaphore_release",
+    c.CMD_AUTH: "auth", c.CMD_STATS: "stats", c.CMD_PING: "ping", c.CMD_HELLO: "hello",
+    c.CMD_SHARDS: "shards", c.CMD_HOLD: "hold", c.CMD_NOTE: "note", c.CMD_TAKE: "take_over",
+    c.CMD_HAND_DOWN: "hand_down", c.CMD_ASKING: "asking", c.CMD_FORCE_RELEASE: "force_release",
+    _INVALID: _INVALID,
+})  # fmt: skip
 """Every command (the one list of them) and its ``command`` label of
 ``dflockd_request_duration_seconds`` (the opcode is ``opcode``)."""
 _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
