@@ -1,73 +1,23 @@
 # pyright: reportMissingTypeStubs=false
-"""One active ``celery beat`` among many: :class:`SingletonScheduler`.
+"""One active ``celery beat`` among many: :class:`SingletonScheduler`. What users see (failover,
+"start from now", the shared store, entries that never overlap) is in
+[One active beat among many](../beat.md).
 
-Run beat on every host (or as replicas), all with the same scheduler::
-
-    celery -A proj beat -S celery_dflock.beat:SingletonScheduler
-
-Every beat campaigns for one dflockd lock (``dflock_beat_lock_key``, default
-``celery-beat:<app main name>``) from a background thread: the holder is *active* and sends
-periodic tasks, the others are *standbys* queued on the lock in FIFO order. Right before every
-send the active beat asks the lock server whether it still holds the lock; when it does not,
-or the server is unreachable, it sends nothing and goes back to standby. A beat killed outright
-or hung is replaced when its lease (``dflock_beat_lease_ttl``) runs out or its session with the
-lock server (``dflock_session_ttl``) ends, whichever comes first (its connection's close ends
-neither); a hung beat finds out before sending when it wakes. Limits: a beat that pauses
-between that confirmation and the publish can still send once after its lease ran out (a
-broker cannot check a fencing token); a hung *standby* at the head of the queue holds up the
-failover as long again.
-
-Which scheduler does the work
-    ``SingletonScheduler`` wraps the class named in ``dflock_beat_scheduler`` (unset: the
-    app's ``beat_scheduler``, or ``celery.beat.PersistentScheduler`` when that names this
-    class), by *dynamic subclassing*: beat gets an instance of
-    ``class Singleton<Wrapped>(SingletonScheduler, Wrapped)``, because Celery's
-    ``Scheduler.tick`` calls ``reserve``/``apply_entry``/``apply_async`` on ``self``, so the
-    send gate must sit in the wrapped class's method resolution. A class written as
-    ``class MyScheduler(SingletonScheduler, SomeScheduler)`` is used as it is.
-
-Failover without double sends: "start from now"
-    Whenever a beat becomes active, every entry's in-memory ``last_run_at`` is set to *now*, so
-    each entry next runs one period after the takeover. A send whose entry still carries a
-    ``last_run_at`` older than the takeover (a scheduler that re-reads its store may bring one
-    back) is skipped once, with a log line. A scheduler that reads its entries afresh from a
-    shared store at every tick (RedBeat) keeps their last runs there, and the reset does not
-    stick: its next leader continues from the last run recorded.
-
-    Trade-off: no state shared between beats, and any wrapped scheduler works. The price: runs
-    missed while no beat was active are not caught up, an interval entry's first run after a
-    takeover comes up to one period late, and a run due in the failover gap is skipped; no run
-    the old leader sent is sent again. Lock-server markers per run would not help: the server
-    frees a dead client's locks at the end of its session, in exactly the crash they would
-    cover.
-
-The schedule store
-    Only the active beat opens the wrapped scheduler's store: it is built with ``lazy=True``,
-    its ``setup_schedule`` runs each time this beat becomes active, its ``sync`` only while the
-    lock server confirms the lock, and ``close`` writes and closes it *before* the lock is
-    released, so the next leader opens a complete file. Any number of beats may so share one
-    ``celerybeat-schedule`` (``PersistentScheduler``'s shelve has no cross-process locking). A
-    beat that loses the lock closes the shelve with its unsaved cache discarded. The store
-    holds nothing the next leader needs, so a file half-written by ``kill -9`` costs nothing.
-    RedBeat's own Redis lock (``redbeat_lock_key``) must be off: it would hold every standby
-    in beat's start-up, and keep a killed beat's place for ``redbeat_lock_timeout``;
-    ``SingletonScheduler`` refuses to start with it on.
-
-Non-overlapping periodic tasks
-    With ``dflock_beat_nonoverlap = True`` every message beat sends carries the header
-    ``dflock_beat_entry = <entry name>`` and the per-call lock options of
-    :class:`~celery_dflock.LockedTask` (``lock_key = "beat-entry:<entry name>"``,
-    ``on_locked = "skip"``), so a ``LockedTask`` run whose previous run still holds the entry's
-    lock is skipped. Lock options the entry gives itself are kept; an entry whose
-    ``options["headers"]`` set ``dflock_beat_entry`` to a false value opts out.
-
-Leader election (`Leadership`)
-    A background thread queues on the lock (``enqueue``, then a bounded ``wait``), bumps
-    :attr:`Leadership.term` when granted, and waits for the lock to be lost or for
-    :meth:`Leadership.stop`. The scheduler's thread only reads the state and calls
-    :meth:`Leadership.confirm` before each send, so a long tick never delays renewal.
-
-The ``dflock_beat_*`` settings are in the settings reference (docs/reference/settings.md).
+What the code adds to that page:
+- ``SingletonScheduler`` wraps the class named in ``dflock_beat_scheduler`` by *dynamic
+  subclassing* (``class Singleton<Wrapped>(SingletonScheduler, Wrapped)``): Celery's
+  ``Scheduler.tick`` calls ``reserve``/``apply_entry``/``apply_async`` on ``self``, so the send
+  gate must sit in the wrapped class's method resolution. A class written as
+  ``class MyScheduler(SingletonScheduler, SomeScheduler)`` is used as it is.
+- The wrapped store is built with ``lazy=True``: ``setup_schedule`` runs each time this beat
+  becomes active, ``sync`` only while the lock server confirms the lock, ``close`` before the
+  lock is released. A send whose entry still carries a ``last_run_at`` older than the takeover
+  (a scheduler that re-reads its store may bring one back) is skipped once, with a log line.
+- `Leadership`: a background thread queues on the lock (``enqueue``, then a bounded ``wait``),
+  bumps its ``term`` when granted and waits for a loss or ``stop``; the scheduler's thread only
+  reads the state and calls ``confirm`` before each send, so a long tick never delays renewal.
+- Per-run markers on the lock server would not catch up missed runs: the server frees a dead
+  client's locks at the end of its session, in exactly the crash they would cover.
 """
 
 from __future__ import annotations
