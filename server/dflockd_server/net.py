@@ -1,12 +1,9 @@
-"""The asyncio server: ``Server`` (start, listener, maintenance timers, shutdown; the journal's
-group write is ``stream.GroupWrite``, made at the start). It has an ``admission.Admission``
-(which connections it takes, and their counts) and a ``serving.KeyServing`` (which keys it
-serves; its cluster node's ``NodeHost``); its connections and their sessions call those
-through the server.
-
-Each accepted connection is a ``connection.Connection`` (its request loop, over the byte side
-in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatch step) to the
-``table.LockTable``.
+"""The asyncio server: ``Server`` (start, listener, maintenance timers, shutdown). It has an
+``admission.Admission`` (which connections it takes, and their counts) and a
+``serving.KeyServing`` (which keys it serves; its cluster node's ``NodeHost``), which its
+connections and sessions call through it. Each accepted connection is a
+``connection.Connection`` over a ``stream.Stream``, whose requests go through
+``dispatch.Session`` to the ``table.LockTable``.
 """
 
 from __future__ import annotations
@@ -59,19 +56,12 @@ log = logging.getLogger("dflockd_server")
 _JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
 
 
-def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
-    """``loop.time``, or ``time.monotonic`` itself where that is all ``loop.time`` returns
-    (asyncio's own loops): the same times, without a Python call around each one."""
-    return time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
-
-
 class Server:
     """A dflockd-compatible lock server: ``await start()``, ``port``, ``await stop()``."""
 
     def __init__(self, config: Config | None = None, *, ownership: Ownership | None = None) -> None:
         self.config = config or Config()
-        self._given_ownership = ownership
-        """Testing: serve with this ownership instead of the one the config makes."""
+        self._given_ownership = ownership  # testing: serve by it, not by the config's
         self.draining = False
         self.admission = admission = Admission(self.config, lambda: self.draining)
         """Which connections it takes (``admit``, ``forget``, the TLS handshakes' slots)."""
@@ -80,8 +70,7 @@ class Server:
         self.key_check: Callable[[str], bytes | None] | None = None
         """``serving.key_check``, read by every acquire (``set_ownership`` keeps it)."""
         # What its sessions (``dispatch.Host``), connections (``connection.ServerSide``) and
-        # cluster node (``NodeHost``, with ``set_ownership``) call, bound to the part that
-        # answers it.
+        # cluster node (``NodeHost``) call, bound to the part that answers it.
         self.may_hold = serving.may_hold
         self.hold_check = serving.hold_check
         """``serving.hold_check``, read by every keep-alive (``set_ownership`` keeps it)."""
@@ -99,35 +88,27 @@ class Server:
         self.holders_in = serving.holders_in
         self.key_present = serving.key_present
         self.renewals_allowed = serving.renewals_allowed
-        self.node: ClusterNode | None = None
-        """A cluster member's node (``--cluster``), else None."""
+        self.node: ClusterNode | None = None  # a cluster member's node (--cluster)
         self.secret: bytes | None = None
         self._stopped: asyncio.Event | None = None
         self._stopping = False
-        self._drain_cut = False
-        """Set by `cut_drain`: the drain ends now."""
+        self._drain_cut = False  # `cut_drain`: the drain ends now
         self._listener: asyncio.Server | None = None
-        self.ssl_context: ssl.SSLContext | None = None
-        """On a TLS server: the context each connection's ``TlsSession`` is made from."""
-        self.snapshots: RationedSnapshots | None = None
-        """Answers ``stats`` (rationed: see ``snapshots``)."""
+        self.ssl_context: ssl.SSLContext | None = None  # TLS: each connection's TlsSession's
+        self.snapshots: RationedSnapshots | None = None  # answers stats (rationed)
         self._timers: list[asyncio.TimerHandle] = []
-        self._stalled_said = 0
-        """How many keys stalled (no token for their next waiter) the log last said."""
+        self._stalled_said = 0  # keys stalled (no token for their next waiter) the log last said
         self._loop: asyncio.AbstractEventLoop | None = None
         self.clock: Callable[[], float] = time.monotonic
-        """The loop's clock (``loop_clock``): the lock table's and the connections' time."""
+        """The loop's clock: the lock table's and the connections' time."""
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
         self.lease_bound: LeaseBound | None = None
         """Raises the recorded longest lease off the loop (parked requests wait for it)."""
         self._fence_ahead: concurrent.futures.ThreadPoolExecutor | None = None
-        self.state: StateDir | None = None
-        """The state directory (``--state-dir``), locked while this server runs, or None."""
-        self.journal: Journal | None = None
-        """The lease journal, or None (no state directory)."""
-        self.grace_reason = ""
-        """Why this start has a restart grace ("" when it has none)."""
+        self.state: StateDir | None = None  # --state-dir, locked while this server runs
+        self.journal: Journal | None = None  # the lease journal (with a state directory)
+        self.grace_reason = ""  # why this start has a restart grace
         self.run = secrets.token_hex(8)
         """This start of the server, in ``hello`` (``run``): sessions do not outlive it."""
         self._hello = self._make_hello()
@@ -241,7 +222,9 @@ class Server:
         self._loop = loop
         self._hello = self._make_hello()  # now with the loop
         self._group_write = GroupWrite(loop.call_soon)
-        self.clock = loop_clock(loop)
+        # ``time.monotonic`` itself where ``loop.time`` returns only that (asyncio's own loops):
+        # the same times, without a Python call around each one.
+        self.clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         self.serving.loop, self.serving.loop_thread = loop, threading.get_ident()
         token = cfg.resolve_auth_token()
         self.secret = token.encode() if token is not None else None
@@ -255,9 +238,9 @@ class Server:
         plan = plan_start(cfg, self.state)
         grace = plan.grace
         if cfg.cluster is not None:
-            # Joins etcd (blocking I/O, off the loop); its fencing counter publishes its
-            # ceiling in etcd, so a key's next member starts above every fence granted here.
-            # (imported here, as make_cluster_node imports the cluster's modules)
+            # Joins etcd (blocking I/O, off the loop); its fencing counter publishes its ceiling
+            # in etcd, so a key's next member starts above every fence granted here. (Imported
+            # here, as make_cluster_node imports the cluster's modules.)
             from dflockd_server.cluster.etcd import DuplicateMember, EtcdAuthError, EtcdError
 
             node = make_cluster_node(cfg, self)  # it hands this server its snapshots
@@ -295,9 +278,8 @@ class Server:
                 None, lambda: FenceCounter(store=store, defer_failed_store=True)
             )
         # Each next ceiling is stored ahead of the counter on a thread of its own (tokens),
-        # started now, not at the first store (half a block of grants later): a server that
-        # can start no more threads by then (a container at its pid limit) would grant nothing
-        # past the ceiling.
+        # started now, not at the first store: a server that can start no more threads by then
+        # (a container at its pid limit) would grant nothing past the ceiling.
         self._fence_ahead = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dflockd-fence-ceiling"
         )
@@ -436,15 +418,11 @@ class Server:
         return lines
 
     async def _stop_accepting(self, listener: asyncio.Server) -> None:
-        """Stop accepting; the connections accepted last get their transports (and are refused
-        and closed: the server drains) before the listener closes.
-
-        On asyncio's own loop (Python 3.11), a connection accepted in the turn before
-        ``close()`` gets its transport a turn later, whose constructor then fails
-        (``Server._attach`` asserts the server is open); the loop drops the error (logged in
-        debug mode only) without closing the socket: under a storm of new connections, a
-        stopped embedded server left over a thousand sockets to the garbage collector. uvloop
-        does not have the problem."""
+        """Stop accepting; the connections accepted last get their transports (refused and
+        closed: the server drains) before the listener closes. On asyncio's own loop (3.11), a
+        connection accepted the turn before ``close()`` gets its transport a turn later, whose
+        constructor fails (``Server._attach`` asserts the server is open) and leaves the socket
+        to the garbage collector, a thousand of them under a storm of connections. Not uvloop."""
         loop = self.loop
         if not isinstance(loop, asyncio.SelectorEventLoop):
             return
