@@ -1,11 +1,9 @@
-"""One client connection's request loop: a ``Connection`` has a stream (``stream.Stream``, the
-byte side) and, once admitted, a session (``dispatch.Session``, the requests' side); replies go
-back batched into one write per pass.
-
-Each connection answers its requests in order; a blocking acquire, or a request parked for a
-longer lease bound (``RaiseBound``), holds up the requests behind it on that connection only.
-Here are the loop's concerns: passes and their budget, waits and their timers, what dispatch
-asks instead of a reply (``Session.action``), the client's EOF, and shutdown.
+"""One client connection's request loop: a ``Connection`` has a ``stream.Stream`` (the bytes)
+and, once admitted, a ``dispatch.Session`` (the requests). It answers its requests in order,
+batched into one write per pass; a blocking acquire, or a request parked for a longer lease
+bound (``RaiseBound``), holds up the requests behind it on that connection only. Its concerns:
+passes and their budget, waits and their timers, what dispatch asks instead of a reply
+(``Session.action``), the client's EOF, and shutdown.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""A connection's byte side: its transport, TLS session, flow control and timers.
-
-``Stream`` reads and writes bytes (through the TLS session on a TLS server), pauses reading
-while the replies go unread, while a blocking request holds up a full buffer, or for a fragment
-delay (a sender whose reads keep ending mid-request), and keeps the read, write and handshake
-timers. What the bytes mean is ``connection.Connection``'s business. While the lease journal
-has records not yet written, a stream holds its replies back for ``GroupWrite``: one write of
-the journal per turn of the loop, for every connection, before any of those replies leaves."""
+"""A connection's byte side: ``Stream`` reads and writes bytes (through the TLS session on a
+TLS server), pauses reading while the replies go unread, while a blocking request holds up a
+full buffer, or for a fragment delay (a sender whose reads keep ending mid-request), and keeps
+the read, write and handshake timers; what the bytes mean is ``connection.Connection``'s
+business. While the lease journal has records not yet written, a stream holds its replies back
+for ``GroupWrite``: one write of the journal per turn of the loop, for every connection, before
+any of those replies leaves."""
 
 from __future__ import annotations
 
@@ -31,13 +30,11 @@ class StreamHost(Protocol):
     config: Config
     longest_fragment_delay: float
     journal: Journal | None
-
     clock: Callable[[], float]
+    ssl_context: ssl.SSLContext | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
-
-    ssl_context: ssl.SSLContext | None
 
     def handshake_started(self, stream: Stream) -> None: ...
 
@@ -54,14 +51,13 @@ class GroupWrite:
     replies back for it: one write (and with ``--journal-fsync always`` one fsync) for every
     connection of the turn, then each sends what it held back. If the journal cannot be
     written, no connection is dropped and no lock freed: the batch's grants are undone (nobody
-    was told of them) and their replies become ``error_read_only``; every other reply leaves as
-    usual, and the server grants nothing until the journal can be written again.
+    was told of them) and their replies become ``error_read_only``; the server grants nothing
+    until the journal can be written again.
 
-    A lone connection writes the journal itself (``direct``): after ``JOURNAL_LONE_TURNS`` group
-    writes in a row of one connection's replies each (unless the fsync is ``always``), each
-    connection writes the buffered records just before its replies, for
-    ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again. At one connection,
-    holding replies back costs more than the write it waits for.
+    A lone connection writes the journal itself (``direct``), as holding replies back costs it
+    more than the write: after ``JOURNAL_LONE_TURNS`` group writes in a row of one connection's
+    replies (unless the fsync is ``always``), each connection writes the buffered records just
+    before its replies, for ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again.
     """
 
     def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
@@ -208,8 +204,7 @@ class Stream:
         """Replies held back until the server's next group write of the journal."""
         self.close_when_sent = False
         self.unsent: list[bytes] | None = None
-        """Replies held back that were dropped unsent (the connection frees a waiter's grant
-        among them)."""
+        """Replies held back, dropped unsent (the connection frees a waiter's grant in them)."""
 
     def open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
@@ -342,9 +337,8 @@ class Stream:
             )
 
     def delay_reading(self) -> None:
-        """Stop reading, for a fragment delay, a sender whose reads keep ending mid-request:
-        read after a delay, a slowloris client's bytes come in one read, not one wake-up each.
-        The delays double while the sender keeps dripping; their jitter spreads drippers out."""
+        """Stop reading, for a fragment delay (``Server.fragment_delay``), a sender whose reads
+        keep ending mid-request: a slowloris's bytes come in one read, not one wake-up each."""
         if self.delay_timer is not None:
             return  # already waiting one out (a read the loop had in hand when it paused)
         self.read_delayed = True
