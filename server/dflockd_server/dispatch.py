@@ -5,11 +5,9 @@ reply bytes, or with ``None`` and ``Session.action`` saying what the transport d
 ``Wait`` (the acquire is queued: ``Session.granted`` when woken, ``Session.give_up`` when its
 timer fires), ``Close`` (send a last reply and close), ``STATS`` (answer from the rationed
 snapshots), ``AUTH_FAILED`` (answer and close after a delay) or ``RaiseBound`` (parked until
-``leasebound`` has recorded a longer lease bound).
-
-Each command has one route (``Session.route_table``): it parses with ``protocol.parse_<command>``
-(a ``Malformed`` is answered ``error``), acts on the table and answers with ``protocol``'s reply
-bytes.
+``leasebound`` has recorded a longer lease bound). Each command has one route
+(``Session.route_table``): it parses with ``protocol.parse_<command>`` (a ``Malformed`` is
+answered ``error``), acts on the table and answers with ``protocol``'s reply bytes.
 """
 
 from __future__ import annotations
@@ -191,8 +189,7 @@ class Session:
         self.ip = ""  # the client's address and --max-locks-per-ip, set by the connection
         self.locks_per_ip = c.NO_CAP
         self.authed = host.secret is None
-        self.eof = False
-        """The client sent EOF: acquires are tried once."""
+        self.eof = False  # the client sent EOF: acquires are tried once
         self.action: Action | None = None
         """What to do for the request ``handle`` last answered with ``None``."""
         self.asking = False
@@ -222,7 +219,7 @@ class Session:
 
     # ------------------------------------------------------------------ routes
     @staticmethod
-    def route_table() -> dict[bytes, _Route]:
+    def route_table() -> dict[bytes, _Route]:  # in the class: routes are protected
         return {
             command.encode(): route
             for commands, route in (
@@ -386,11 +383,9 @@ class Session:
         return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
 
     def _unconfirmed(self, name: str, token: str) -> Reply:
-        """A renewal of ``token`` on ``name`` this cluster member may not confirm now.
-        ``error_unavailable`` while it cannot tell whether it serves the key (it has not
-        raised its fencing counter for the shard since it started, or it lost etcd) and the
-        token holds it here: the holder asks again while its lease runs. ``error`` when the
-        shard is another member's, or the token holds nothing here: the holder sees the loss."""
+        """A renewal this cluster member may not confirm now: ``error_unavailable`` while it
+        cannot tell whether it serves ``name`` (``_cannot_tell``) and ``token`` holds it here
+        (the holder asks again while its lease runs), else ``error``: the holder sees the loss."""
         if self._cannot_tell(name) and self.table.holds(name, token):
             return p.REPLY_ERROR_UNAVAILABLE
         return p.REPLY_ERROR
@@ -490,9 +485,8 @@ class Session:
             return p.REPLY_OK
         if hold_check is None:
             return p.REPLY_ERROR
-        # Refused for keys this member may not renew now: as `_unconfirmed` answers their
-        # renewals, `error_unavailable` when it cannot tell whether it serves any of them (the
-        # client asks again while the session runs), `error` when one is another member's.
+        # Refused for keys this member may not renew now, answered as `_unconfirmed` answers
+        # renewals: `error_unavailable` when it cannot tell for every one of them, else `error`.
         refused = [key for key in self.table.session_keys(session_id) if not hold_check(key)]
         if refused and all(map(self._cannot_tell, refused)):
             return p.REPLY_ERROR_UNAVAILABLE

@@ -1,10 +1,9 @@
 """Sans-I/O request parsing and reply encoding for the dflockd protocol (PROTOCOL.md).
 
-``RequestFramer`` cuts a byte stream into three-line frames and enforces the line limits
-without ever buffering an over-long line; one ``parse_<command>`` per command turns a frame's
-key and argument into its fields (a tuple) or raises ``Malformed`` (the frame was consumed:
-the stream stays in step). The ``REPLY_*`` constants and ``reply_*`` functions are every
-reply's bytes.
+``RequestFramer`` cuts a byte stream into three-line frames, never buffering an over-long line;
+one ``parse_<command>`` per command turns a frame's key and argument into its fields (a tuple)
+or raises ``Malformed`` (the frame was consumed: the stream stays in step). The ``REPLY_*``
+constants and ``reply_*`` functions are every reply's bytes.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MODES: Final = (c.HOLD_MODE_CONNECTION.encode(), _DETACHED)
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
-"""The usual numbers of a request as a client writes them -> their value: one look-up instead
-of ``isdigit`` and ``int``. Any other number is read by ``_number``, to the same value."""
+"""A request's usual numbers as clients write them -> their value (``_number``'s): one look-up
+instead of ``isdigit`` and ``int``."""
 _NOTE_BYTES: Final = bytes(range(0x21, 0x7F))
 """The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate``."""
 
@@ -55,11 +54,9 @@ def _all_short(lines: list[bytes]) -> bool:
 
 class RequestFramer:
     """Accumulates received bytes and yields complete ``(command, key, argument)`` frames.
-
     Whole requests per read (no line over the limit, no CR) are split into lines once, each
     frame then three lines of that list; anything else is cut frame by frame. An incomplete
-    frame is kept in a ``bytearray`` that grows in place.
-    """
+    frame is kept in a ``bytearray`` that grows in place."""
 
     __slots__ = ("_buf", "_line", "_lines", "_pos")
 
@@ -385,9 +382,8 @@ def parse_hello(arg: bytes) -> bool:
 
 
 def parse_client_session(arg: bytes) -> tuple[str, int] | None:
-    """``hello _`` ``session <id> <ttl>`` -> (id, ttl) (a TTL of 0: the session ends now);
-    ``None`` for any other ``hello``. Raises ``Malformed`` for ``session`` followed by
-    anything but a valid id and a TTL."""
+    """``hello _`` ``session <id> <ttl>`` -> (id, ttl) (a TTL of 0: the session ends now), else
+    ``None``; ``Malformed`` for ``session`` followed by anything but a valid id and a TTL."""
     parts = arg.split()
     if len(parts) < 2 or parts[0] != _SESSION:
         return None
@@ -410,8 +406,7 @@ def session_id(raw: bytes) -> str:
 
 def parse_keepalive(arg: bytes) -> str | None:
     """``ping _`` ``[session <id>]`` -> the client session to keep alive; ``None`` for any
-    other argument (ignored). Raises ``Malformed`` for ``session`` followed by anything but
-    one id."""
+    other argument (ignored); ``Malformed`` for ``session`` followed by anything but one id."""
     if not arg.startswith(_SESSION):
         return None
     parts = arg.split()
@@ -514,7 +509,6 @@ def reply_hello(
     still to run; ``session_ttl_s`` 0: no sessions (neither ``session`` nor ``keepalive``
     listed); ``build`` and ``loop``: what runs, for people and benchmarks; ``run``: this start
     of the server (random), by which a session's client sees a restart."""
-
     features: list[str] = list(c.FEATURES)
     if durable:
         features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)
