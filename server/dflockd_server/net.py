@@ -157,6 +157,10 @@ class Server:
         try:
             await self._start()
         except BaseException:
+            if self._listener is not None:
+                self._listener.close()
+            for timer in self._timers:
+                timer.cancel()
             node, self.node = self.node, None
             if node is not None:
                 await asyncio.get_running_loop().run_in_executor(None, node.stop)
@@ -360,13 +364,7 @@ class Server:
                 f"{c.SERVER_NAME} {c.SERVER_VERSION} on {bound[0]}:{bound[1]}",
             )
             exporter = MetricsExporter(self._metrics_snapshot, loop, page)
-            try:
-                exporter.start(cfg.metrics_host or cfg.host, cfg.metrics_port)
-            except BaseException:
-                self._listener.close()
-                for timer in self._timers:
-                    timer.cancel()
-                raise
+            exporter.start(cfg.metrics_host or cfg.host, cfg.metrics_port)
             self.metrics = exporter
             self.request_times = RequestTimes()
 
