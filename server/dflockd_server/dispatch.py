@@ -339,8 +339,7 @@ class Session:
         return p.REPLY_OK if self.table.release(name, token) else p.REPLY_ERROR
 
     def _force_release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``fr``: an operator frees every grant on a key. Routed as an acquire is, and logged
-        with who asked."""
+        """``fr``: an operator frees every grant on a key (routed as an acquire is; logged)."""
         name, note = p.parse_force_release(key, arg)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused

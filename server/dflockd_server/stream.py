@@ -57,20 +57,16 @@ class GroupWrite:
     A lone connection writes the journal itself (``direct``), as holding replies back costs it
     more than the write: after ``JOURNAL_LONE_TURNS`` group writes in a row of one connection's
     replies (unless the fsync is ``always``), each connection writes the buffered records just
-    before its replies, for ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again.
-    """
+    before its replies, for ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again."""
 
     def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
         self._call_soon = call_soon
         self.journal: Journal | None = None
         """The server's journal while it runs (None once closed: replies go out unwritten)."""
-        self.streams: list[Stream] = []
-        """The connections whose replies wait for the next write."""
+        self.streams: list[Stream] = []  # the connections whose replies wait for the next write
         self._write_soon: Callable[[], None] = self.write  # bound once
-        self.direct = False
-        """Connections write the journal themselves before their replies (``write_for``)."""
-        self.lone = 0
-        """Group writes in a row that held back one connection's replies."""
+        self.direct = False  # connections write the journal before their replies (write_for)
+        self.lone = 0  # group writes in a row that held back one connection's replies
         self.direct_left = 0
         self.undo: Callable[[str, str], object] | None = None
         """Releases a grant (key, token) nobody was told of (the table's ``release``)."""
@@ -200,8 +196,7 @@ class Stream:
         self._group_write = server.group_write
         self.journal = server.journal
         """Written before any reply leaves: a client is never told of what it does not hold."""
-        self.held: list[bytes] | None = None
-        """Replies held back until the server's next group write of the journal."""
+        self.held: list[bytes] | None = None  # replies held back for the next group write
         self.close_when_sent = False
         self.unsent: list[bytes] | None = None
         """Replies held back, dropped unsent (the connection frees a waiter's grant in them)."""
