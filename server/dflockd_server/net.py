@@ -94,7 +94,7 @@ class Server:
         self._stopping = False
         self._drain_cut = False  # `cut_drain`: the drain ends now
         self._listener: asyncio.Server | None = None
-        self.ssl_context: ssl.SSLContext | None = None  # TLS: each connection's TlsSession's
+        self.ssl_context: ssl.SSLContext | None = None  # on TLS: what each TlsSession is made from
         self.snapshots: RationedSnapshots | None = None  # answers stats (rationed)
         self._timers: list[asyncio.TimerHandle] = []
         self._stalled_said = 0  # keys stalled (no token for their next waiter) the log last said
@@ -420,7 +420,7 @@ class Server:
         closed: the server drains) before the listener closes. On asyncio's own loop (3.11), a
         connection accepted the turn before ``close()`` gets its transport a turn later, whose
         constructor fails (``Server._attach`` asserts the server is open) and leaves the socket
-        to the garbage collector, a thousand of them under a storm of connections. Not uvloop."""
+        to the garbage collector (over a thousand in a storm of connections). Not uvloop."""
         loop = self.loop
         if not isinstance(loop, asyncio.SelectorEventLoop):
             return
