@@ -369,9 +369,10 @@ class Server:
             self.request_times = RequestTimes()
 
     def _restore(self, plan: StartPlan, table: LockTable) -> int:
-        """Put the journal's running leases back in the table and start a new journal file
-        holding them (the old one, damaged tail and all, is replaced); the highest fence among
-        them, which the caller raises the counter above (before any grant)."""
+        """Put the journal's running leases back in the table, and go on writing the journal
+        (``plan.resume``) or start a new file holding them (an old one, damaged tail and all, is
+        replaced); the highest fence among them, which the caller raises the counter above
+        (before any grant)."""
         assert plan.journal is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         with paused_gc():
