@@ -215,11 +215,6 @@ class Server:
             run=self.run,
         )
 
-    @hello_reply.setter
-    def hello_reply(self, reply: bytes) -> None:
-        """Answer ``hello`` with ``reply`` from now on (a test playing an older server)."""
-        self._hello = reply
-
     async def _start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()

@@ -130,7 +130,7 @@ def test_a_hello_without_the_limit_leaves_the_lease_to_the_server(
     asked as before: its own answer decides."""
     body = {"server": "other", "version": "1", "features": ["fence", "ping"]}
     hello = f"ok {json.dumps(body)}\n".encode()
-    dflock_server.call(lambda: setattr(dflock_server.server, "hello_reply", hello))
+    dflock_server.call(lambda: setattr(dflock_server.server, "_hello", hello))
     servers = [dflock_server.address]
     lock = DistributedLock("no:limit", lease_ttl_s=60, servers=servers)
     assert lock.acquire()

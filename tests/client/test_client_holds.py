@@ -315,7 +315,7 @@ def test_a_server_without_holds_gets_no_hold(dflock_server: ServerThread) -> Non
     the client never sends it ``hl`` or ``note``."""
     body = {"server": "dflockd-server", "version": "0.1.0", "features": ["fence", "ping"]}
     hello = f"ok {json.dumps(body)}\n".encode()
-    dflock_server.call(lambda: setattr(dflock_server.server, "hello_reply", hello))
+    dflock_server.call(lambda: setattr(dflock_server.server, "_hello", hello))
     address = dflock_server.address
     with Client([address]) as client:
         with pytest.raises(HoldsUnsupported) as refused:

@@ -113,7 +113,7 @@ async def test_a_holder_its_sessions_keep_alives_keep_learns_it_lost_at_once(
 def test_a_server_that_predates_it_is_never_sent_it(dflock_server: ServerThread) -> None:
     body = {"server": "dflockd-server", "version": "0.2.0", "features": ["fence", "holds"]}
     hello = f"ok {json.dumps(body)}\n".encode()
-    dflock_server.call(lambda: setattr(dflock_server.server, "hello_reply", hello))
+    dflock_server.call(lambda: setattr(dflock_server.server, "_hello", hello))
     address = dflock_server.address
     with Client([address]) as client, client.lock("ops:old") as lock:
         with pytest.raises(ForceReleaseUnsupported) as refused:
