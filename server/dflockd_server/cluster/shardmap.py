@@ -34,7 +34,6 @@ FLAG_PREFIX = "f="
 """A part of a shard value that starts with this is a flag, wherever it stands."""
 
 PINNED = "pinned"
-
 RELEASED = "released"
 
 SPLIT = "split="
@@ -134,11 +133,8 @@ class ShardAssignment:
     def served_by(self, node: str) -> ShardAssignment:
         """``node`` as the current node, no longer released; a split stays unless ``node``
         is the split's node (only it can hold every key of the shard)."""
-        drop_split = self.split == node
-        flags = (
-            f for f in self.flags if f != RELEASED and not (drop_split and f.startswith(SPLIT))
-        )
-        return replace(self, current=node, flags=tuple(flags))
+        kept = self.unsplit() if self.split == node else self
+        return replace(kept, current=node, flags=tuple(f for f in kept.flags if f != RELEASED))
 
 
 @dataclass(frozen=True, slots=True)
