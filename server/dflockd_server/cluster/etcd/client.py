@@ -52,9 +52,8 @@ class EtcdClient:
         """The key (or every key under the prefix, in key order) and the current revision."""
         what = f"range of {key!r}" + (" (prefix)" if prefix else "")
         reply = self.transport.call("/v3/kv/range", key_range(key, prefix), what)
-        return RangeResult(
-            [KeyValue.from_json(kv) for kv in reply.get("kvs", [])], _revision(reply)
-        )
+        kvs = [KeyValue.from_json(kv) for kv in reply.get("kvs", [])]
+        return RangeResult(kvs, _revision(reply))
 
     def stat(self, key: str, *, prefix: bool = False, since: int = 0) -> RangeStat:
         """How many keys the key (or prefix) holds, and whether one was put after ``since``,

@@ -121,11 +121,9 @@ class EtcdTransport:
         self.url = f"{'https' if tls else 'http'}://{','.join(map(str, endpoints))}"
         self.timeout = timeout
         """The longest one call may take, every attempt included."""
-        self.attempt_timeout = (
-            attempt_timeout
-            if attempt_timeout is not None
-            else (timeout if len(endpoints) == 1 else max(timeout / 5, 0.5))
-        )
+        if attempt_timeout is None:
+            attempt_timeout = timeout if len(endpoints) == 1 else max(timeout / 5, 0.5)
+        self.attempt_timeout = attempt_timeout
         """The longest one endpoint is waited for before the next is tried."""
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._credentials = None if user is None or password is None else (user, password)

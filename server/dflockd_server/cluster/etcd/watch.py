@@ -135,8 +135,5 @@ class Watch:
             )
             raise EtcdError(f"etcd at {self._where}: {what} canceled: {reason}")
         for raw in result.get("events", []):
-            event = WatchEvent(
-                "delete" if raw.get("type") == "DELETE" else "put",
-                KeyValue.from_json(raw.get("kv", {})),
-            )
-            self._on_event(event)
+            kind = "delete" if raw.get("type") == "DELETE" else "put"
+            self._on_event(WatchEvent(kind, KeyValue.from_json(raw.get("kv", {}))))
