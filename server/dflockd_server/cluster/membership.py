@@ -144,13 +144,8 @@ class EtcdCopy:
         self.seen_revision = read.revision
 
     def view(self) -> ClusterView:
-        return ClusterView(
-            frozenset(self.members),
-            self.leader,
-            self.shard_map(),
-            dict(self.revisions),
-            self.seen_revision,
-        )
+        members, revisions = frozenset(self.members), dict(self.revisions)
+        return ClusterView(members, self.leader, self.shard_map(), revisions, self.seen_revision)
 
     def shard_map(self) -> ShardMap:
         if self._map is None:
@@ -253,8 +248,6 @@ class Member:
         self._watch: Watch | None = None
         self._threads: list[threading.Thread] = []
 
-    # -- life cycle ------------------------------------------------------------------------------
-
     def start(self) -> Member:
         self._register()
         # The lease is kept alive from now on: the read of the prefix (the whole map) may take
@@ -338,8 +331,6 @@ class Member:
             with contextlib.suppress(EtcdError):
                 self.client.lease_revoke(self.lease_id)
 
-    # -- the local copy ----------------------------------------------------------------------------
-
     def snapshot(self) -> ClusterView:
         with self._lock:
             return self.copy.view()
@@ -348,8 +339,6 @@ class Member:
     def is_leader(self) -> bool:
         with self._lock:
             return self.lost is None and self.copy.leader == self.advertise
-
-    # -- threads -----------------------------------------------------------------------------------
 
     def _keep_alive(self) -> None:
         wait: float | None = self.keepalive_interval
@@ -478,8 +467,6 @@ class Member:
                 count,
             )
         return stalled
-
-    # -- etcd state --------------------------------------------------------------------------------
 
     def _resync(self) -> None:
         """Read the whole prefix, then watch it from the revision after what was read."""
