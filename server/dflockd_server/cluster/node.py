@@ -190,8 +190,7 @@ class ClusterNode:
         self._handover.forget()
 
     def _hand(self, ownership: ClusterOwnership) -> None:
-        """``ownership`` (what the server serves by, immutable) is the node's now, and the
-        server's."""
+        """Serve by ``ownership`` (immutable) from now on, in the node and in its server."""
         self.ownership = ownership
         self.host.set_ownership(ownership)
 
