@@ -68,11 +68,10 @@ def etcd_client(
     # A call: 5 s or the lease if longer. One of several endpoints is waited for a fifth of
     # the lease, so a keep-alive can move to another and still renew in time.
     timeout = max(5.0, lease_ttl_s)
-    several = "," in etcd_url  # its endpoints' list
     transport = EtcdTransport(
         etcd_url,
         timeout=timeout,
-        attempt_timeout=max(lease_ttl_s / 5, 0.5) if several else timeout,
+        attempt_timeout=max(lease_ttl_s / 5, 0.5) if "," in etcd_url else timeout,
         ssl_context=context,
         user=access.user,
         password=access.password,
@@ -259,11 +258,8 @@ def cluster_command(
             for (source, target), count in sorted(pairs.items()):
                 print(f"{source} -> {target}: {count} shard(s)", file=out)
             if args.verbose:
-                for move in result.plan:
-                    print(
-                        f"shard {move.shard}: {move.from_node or '(none)'} -> {move.to_node}",
-                        file=out,
-                    )
+                for m in result.plan:
+                    print(f"shard {m.shard}: {m.from_node or '(none)'} -> {m.to_node}", file=out)
             verb = "would move" if args.dry_run else "moved"
             done = len(result.plan) if args.dry_run else len(result.written)
             print(f"{verb} {done} shard(s)", file=out)
