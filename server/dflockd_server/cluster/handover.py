@@ -182,10 +182,9 @@ class Handover:
         for gone, assignments in by_gone.items():
             also: tuple[Compare, ...] = ()
             if gone:
-                keys = member.keys
                 also = (
-                    Compare(keys.member(gone), "CREATE", "EQUAL", 0),
-                    Compare(keys.registered(gone), "MOD", "LESS", gone_at.get(gone, 0) + 1),
+                    Compare(member.keys.member(gone), "CREATE", "EQUAL", 0),
+                    Compare(member.keys.registered(gone), "MOD", "LESS", gone_at.get(gone, 0) + 1),
                 )
             done, failed = self._write_assignments(view, member, assignments, also=also)
             written |= done

@@ -126,9 +126,7 @@ class ClusterOwnership:
         items = shard_map.items()
         nodes = sorted({n for _, a in items for n in (a.target, a.current, a.split) if n})
         index = {n: i for i, n in enumerate(nodes)}
-        current = [-1] * SHARD_COUNT
-        target = [-1] * SHARD_COUNT
-        split = [-1] * SHARD_COUNT
+        current, target, split = [-1] * SHARD_COUNT, [-1] * SHARD_COUNT, [-1] * SHARD_COUNT
         for shard, a in items:
             target[shard] = index[a.target]
             current[shard] = index.get(a.current, -1)
