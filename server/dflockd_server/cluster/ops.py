@@ -213,13 +213,8 @@ def _parser() -> argparse.ArgumentParser:
         p = commands[name] = sub.add_parser(name, help=CLUSTER_COMMAND_HELP[name][1])
         p.add_argument(_CLUSTER.flag, help=f"{url_help} (or {_CLUSTER.env[0]})")
         for field in ETCD_ACCESS:
-            setting = BY_FIELD[field]
-            p.add_argument(
-                setting.flag,
-                dest=field,
-                metavar=setting.metavar,
-                help=f"{setting.help} (or {setting.env[0]})",
-            )
+            s = BY_FIELD[field]
+            p.add_argument(s.flag, dest=field, metavar=s.metavar, help=f"{s.help} (or {s.env[0]})")
     p = commands["rebalance"]
     p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
     p.add_argument("--verbose", action="store_true", help="list every shard moved")
