@@ -13,8 +13,6 @@ __all__ = ["BUILD", "auto_loop_name", "describe"]
 
 COMPILED = "compiled"
 PURE = "pure"
-
-
 # dispatch's file is a C extension's when compiled
 BUILD = COMPILED if (dispatch.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES)) else PURE
 

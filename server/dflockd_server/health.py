@@ -16,8 +16,8 @@ from dflockd_server.config import Config
 from dflockd_server.settings import BY_FIELD
 
 CHECK_TIMEOUT_S = 2.0
-_WILDCARD_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1"}
-"""Where the check reaches a server bound to all addresses (``::`` is IPv6's alone)."""
+WILDCARD_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+"""Where a client on this machine reaches a server bound to all addresses (``::``: IPv6's)."""
 
 
 def _request(sock: socket.socket, command: str, argument: str) -> str:
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     try:
         bound: str = _setting(env, "host") or c.DEFAULT_HOST
-        host = args[0] if args else _WILDCARD_LOOPBACK.get(bound, bound)
+        host = args[0] if args else WILDCARD_LOOPBACK.get(bound, bound)
         port = BY_FIELD["port"].take(args[1], "port") if len(args) > 1 else _setting(env, "port")
         token = Config(  # the file read as the server reads it
             auth_token=_setting(env, "auth_token"), auth_token_file=_setting(env, "auth_token_file")

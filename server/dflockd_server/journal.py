@@ -79,8 +79,6 @@ COMPACT_MIN_BYTES = 4 * 1024 * 1024
 """Compact past this size and four times what the live grants take."""
 _LIVE_RECORD_BYTES = 128
 """About what one live grant's record takes (for ``wants_compaction``)."""
-
-
 _crc32: Final = zlib.crc32  # bound once: compiled, a static, not a look-up per record
 _write: Final = os.write
 _HEX: Final = tuple(b"%02x" % i for i in range(256))

@@ -48,8 +48,6 @@ lease_ttl``."""
 
 AT_LEASE_START = float("-inf")
 """``Holder.since`` of a grant whose lease has not moved: made at ``expires_at - lease_ttl``."""
-
-
 CLIENT_COMPACT_MIN = 8
 """Released holders a connection's list (or ``on_close`` map) may keep beyond twice its live
 ones."""

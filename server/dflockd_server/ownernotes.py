@@ -45,7 +45,6 @@ def holder_of(note: object) -> HolderNote:
 def readable_note(note: str | None) -> str:
     """``note`` for a log line: each ``/``-separated part percent-decoded, except what would not
     be printable and spaceless (left encoded, so a note cannot forge a log line)."""
-
     if not note or note == c.NO_NOTE:
         return "no note"
     return "/".join(_decoded(part) for part in note.split("/", 3))

@@ -42,7 +42,6 @@ class Ownership(Protocol):
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed, taken over or handed down here now."""
-
         ...
 
     def describe(self) -> dict[str, object]:

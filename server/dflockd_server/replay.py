@@ -437,7 +437,6 @@ def restored_leases(
     anchor = read.anchor
     same_boot = anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]
     lost_tail = same_boot and bool(tail_lost) and not read.clean
-
     out: list[RecordedGrant] = []
     grace = 0.0
     if anchor is None:  # not even a whole header: the file was never a run's journal

@@ -109,7 +109,6 @@ class AddressShares:
     def moved(self, old: Holder, new: Holder) -> None:
         """The grant ``old`` was rebound as ``new``: to a connection, it counts against that
         connection's address; detached, the same one."""
-
         owner = old.client
         was = self.ip_of.get(owner)
         if was is None:

@@ -65,7 +65,6 @@ __all__ = [
     "Waiter",
 ]
 
-
 _EXPIRES_AT = operator.attrgetter("expires_at")
 
 

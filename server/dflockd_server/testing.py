@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dflockd_server.config import Config
+from dflockd_server.health import WILDCARD_LOOPBACK
 from dflockd_server.loops import default_loop_factory, run_on
 from dflockd_server.net import Server
 from dflockd_server.ownership import Ownership
@@ -19,17 +20,6 @@ T = TypeVar("T")
 
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 60.0
-
-
-_WILDCARDS = ("", "0.0.0.0", "::")
-
-
-def _connectable(host: str) -> str:
-    """Where a client on this machine reaches a server bound to ``host`` (the loopback
-    address for a wildcard bind)."""
-    if host not in _WILDCARDS:
-        return host
-    return "::1" if host == "::" else "127.0.0.1"
 
 
 class ServerThread:
@@ -68,7 +58,7 @@ class ServerThread:
         address = self.server.metrics_address
         if address is None:
             return None
-        host = _connectable(address[0])
+        host = WILDCARD_LOOPBACK.get(address[0], address[0])
         return f"http://{f'[{host}]' if ':' in host else host}:{address[1]}/metrics"
 
     def start(self) -> ServerThread:
@@ -107,7 +97,7 @@ class ServerThread:
     async def _main(self) -> None:
         await self.server.start()
         host, self.port = self.server.sockname
-        self.host = _connectable(self.config.host) if self.config.host in _WILDCARDS else host
+        self.host = WILDCARD_LOOPBACK.get(self.config.host, host)
         self._ready.set()
         try:
             await self.server.serve_forever()
@@ -117,7 +107,6 @@ class ServerThread:
     def stop(self, *, drain: bool = False) -> None:
         """Stop and wait for the thread to end (idempotent): by default every connection closed
         at once, as a killed server goes; ``drain=True`` as SIGTERM does."""
-
         with self._stop_lock:
             if self._stopped:
                 return

@@ -62,7 +62,6 @@ class TlsSession:
 
     def close_notify(self) -> bytes:
         """The bytes of a ``close_notify`` alert, to send before closing (``b""``: none)."""
-
         if not self.handshake_done:
             return b""
         try:

@@ -230,7 +230,6 @@ class FenceCounter:
         self._pool_pos = end
         # the counter's 8 bytes in hex ("%016x"), the first 7 kept while they stay the same
         high = counter >> 8
-
         if high != self._high:
             self._high = high
             self._high_hex = high.to_bytes(7, "big").hex()

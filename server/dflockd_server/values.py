@@ -218,7 +218,6 @@ check_cluster = _parses(split_cluster_url)
 
 
 def check_readable_file(value: str) -> str | None:
-
     try:
         with open(value, "rb"):
             pass
