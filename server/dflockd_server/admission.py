@@ -72,8 +72,7 @@ class Admission:
         return refusal
 
     def share_table(self, table: LockTable) -> None:
-        cap = self.config.locks_per_ip
-        if cap:
+        if cap := self.config.locks_per_ip:
             shares = self.shares = table.grants.shares = AddressShares(cap)
             shares.refused = self._refused
 

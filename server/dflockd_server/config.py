@@ -196,8 +196,7 @@ class Config:
 
     def resolve_cluster_password(self) -> str | None:
         """The etcd user's password (read from ``cluster_password_file`` if set)."""
-        path = self.cluster_password_file
-        if path is None:
+        if (path := self.cluster_password_file) is None:
             return self.cluster_password
         return read_secret(path, names("cluster_password_file"), lambda text: text.rstrip("\r\n"))
 

@@ -296,8 +296,7 @@ class Journal:
 
     def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
         """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
-        until = self._until(expires_at, lease_ttl)
-        self.buf.append(_line(f"X {token} {lease_ttl} {until}"))
+        self.buf.append(_line(f"X {token} {lease_ttl} {self._until(expires_at, lease_ttl)}"))
         return expires_at if self.record_renewals else expires_at + lease_ttl
 
     def move(

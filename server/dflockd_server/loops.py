@@ -26,8 +26,7 @@ def uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         module = importlib.import_module("uvloop")
     except ImportError:
         return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
-    return factory
+    return module.new_event_loop
 
 
 def default_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:

@@ -269,10 +269,7 @@ def _next_batch(data: bytes, pos: int, size: int) -> int:
 def _batch_of(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
     """The checksum and length of the batch whose ``K`` line is ``data[pos:end]``, or ``None``
     when that line does not check."""
-    if end < 0:
-        return None
-    line = data[pos:end]
-    if _line_problem(line) is not None:
+    if end < 0 or _line_problem(line := data[pos:end]) is not None:
         return None
     fields = line[9:].split(b" ")
     if (
@@ -377,8 +374,7 @@ def _line_problem(line: bytes) -> str | None:
 
 def _read_slowly(read: JournalRead, data: bytes) -> int:
     """``_read_lines``, a line at a time."""
-    pos = 0
-    size = len(data)
+    pos, size = 0, len(data)
     while pos < size:
         end = data.find(b"\n", pos)
         if end < 0:

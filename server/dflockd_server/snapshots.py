@@ -39,9 +39,8 @@ class RationedSnapshots:
         if not self._waiting and self._loop.time() >= self._next_at:
             started = time.perf_counter()
             reply = self._take()
-            self._next_at = self._loop.time() + c.STATS_DUTY_FACTOR * (
-                time.perf_counter() - started
-            )
+            spent = time.perf_counter() - started
+            self._next_at = self._loop.time() + c.STATS_DUTY_FACTOR * spent
             return reply
         self._waiting.append(asker)
         if self._handle is None:
