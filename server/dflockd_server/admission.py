@@ -8,8 +8,7 @@ It also keeps one client address from taking every key (``--max-locks-per-ip``):
 from an address that holds or waits for that many locks and slots (the table's
 ``shares.AddressShares``) is refused ``error_max_locks``, so ``--max-locks`` minus the cap
 always stay for the other addresses. The load is read only while the table has at least the
-cap's number of keys (``Session`` compares): the usual path reads nothing.
-"""
+cap's number of keys (``Session`` compares): the usual path reads nothing."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Which build of the server runs (``compiled`` by mypyc, server/hatch_build.py, or ``pure``),
-and on which event loop: what ``dflockd --version``, the start-up log, ``hello`` and ``stats``
-say."""
+"""Which build of the server runs (``compiled`` by mypyc, server/hatch_build.py, or ``pure``), and
+on which event loop: what ``dflockd --version``, the start-up log, ``hello`` and ``stats`` say."""
 
 from __future__ import annotations
 

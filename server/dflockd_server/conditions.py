@@ -3,8 +3,7 @@
 Each such state (journal read-only, restart grace, draining, fenced, shards moving, clock off)
 is a ``Condition``: a name a script can test, whether it stops grants (``error``) or some for a
 while (``warning``), and what it means and what to do. ``net.Server.stats`` passes in what it
-knows; nothing here reads a clock or a file.
-"""
+knows; nothing here reads a clock or a file."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Fencing tokens' persistent side: where the counter's ceiling survives a restart (a file, or
-in cluster mode an etcd key, ``cluster.fencestore``), its error, and ``fence_of``. Issuing tokens
-is ``tokens.FenceCounter``'s (this module is not compiled: its error derives from ``OSError``).
-"""
+"""Fencing tokens' persistent side: where the counter's ceiling survives a restart (a file, or in
+cluster mode an etcd key, ``cluster.fencestore``), its error, and ``fence_of``. Issuing tokens is
+``tokens.FenceCounter``'s (this module is not compiled: its error derives from ``OSError``)."""
 
 from __future__ import annotations
 

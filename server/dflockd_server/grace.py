@@ -10,8 +10,7 @@ stop too: the lease is the only bound a client honours.
 
 A grace outlives a start stopped during it: the record holds when it ends (``grace_until``: this
 boot's id and a time on its monotonic clock), and a start on the same boot waits out what is
-left, whatever else it decides.
-"""
+left, whatever else it decides."""
 
 from __future__ import annotations
 
@@ -123,8 +122,7 @@ class LeaseRecord:
 
     ``note(lease)``, before a lease longer than ``longest`` is granted, raises the record
     (doubling, capped at ``max_lease_ttl_s``) and returns the new bound; a failed write raises
-    ``StateUnwritable``. ``publish`` (a cluster member's) stores each bound, after the file.
-    """
+    ``StateUnwritable``. ``publish`` (a cluster member's) stores each bound, after the file."""
 
     __slots__ = ("_cap", "_grace_until_ms", "_path", "_publish", "longest")
 

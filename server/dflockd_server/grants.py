@@ -1,7 +1,6 @@
-"""The lock table's grants: the key map with every grant, queue and lease, and the steps that
-change them (granting, queueing, ending and rebinding a grant, expiring leases, filling the
-FIFO queues, the per-connection caps and the restart grace). ``table.LockTable`` owns one.
-"""
+"""The lock table's grants: the key map with every grant, queue and lease, and the steps that change
+them (granting, queueing, ending and rebinding a grant, expiring leases, filling the FIFO queues,
+the per-connection caps and the restart grace). ``table.LockTable`` owns one."""
 
 from __future__ import annotations
 

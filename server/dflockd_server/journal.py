@@ -39,8 +39,7 @@ file of every lease held, fsynced beside the old one and renamed over it.
 Writes: records go to a buffer; replies that follow records not written are held back
 (``stream.GroupWrite``) until the buffer is written with one ``os.write`` (``flush``), once per
 turn of the loop: a kill -9 loses nothing a client was told. ``fsync``: ``always`` (in that
-write), ``everysec`` (a background thread, once a second), ``no`` (the OS decides).
-"""
+write), ``everysec`` (a background thread, once a second), ``no`` (the OS decides)."""
 
 from __future__ import annotations
 
@@ -154,14 +153,12 @@ class JournalStats:
 
 
 class Journal:
-    """Appends the lock table's records, writes them at ``flush``, fsyncs by the policy,
-    compacts, and notes when it cannot be written. On the server's loop; only the everysec fsync
-    has a thread.
+    """Appends the lock table's records, writes them at ``flush``, fsyncs by the policy, compacts,
+    and notes when it cannot be written. On the server's loop; only the everysec fsync has a thread.
 
     ``clock`` is the table's: an expiry ``t`` on it is recorded as the wall time
     ``anchor_wall + (t - anchor_clock)``. Tests give failing ``fsync_file`` / ``fsync_dir``;
-    the simulator (tests/sim) gives ``write`` and ``clocks`` (the anchor's clocks and ids).
-    """
+    the simulator (tests/sim) gives ``write`` and ``clocks`` (the anchor's clocks and ids)."""
 
     __slots__ = (
         "_anchor_clock",

@@ -15,8 +15,7 @@ recorded. Recording is an fsync and maybe etcd round trips: ``LeaseBound`` does 
 - A parked request is not in its key's queue: another request within the bound may be granted
   first.
 - A longer lease reaching the table without a connection calls ``note_now``, which records on
-  the loop as a last resort.
-"""
+  the loop as a last resort."""
 
 from __future__ import annotations
 

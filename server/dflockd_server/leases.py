@@ -1,6 +1,5 @@
-"""The lock table's two indexes, so that no periodic job scans the table: the lease expiry
-index and the idle log. Both keep stale entries, dropped when met or by an amortised compaction.
-"""
+"""The lock table's two indexes, so that no periodic job scans the table: the lease expiry index and
+the idle log. Both keep stale entries, dropped when met or by an amortised compaction."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 The lease journal is written once per turn of the loop by a callback that the turn's first
 held-back reply schedules with ``call_soon`` (``stream.GroupWrite``). uvloop runs it in the same
 turn, after the turn's other callbacks; asyncio's own loop in the next turn. Either way the
-journal is written before the replies it covers.
-"""
+journal is written before the replies it covers."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Owner notes as people read them: the parts of celery-dflock's note, and a note for a log.
 
 celery-dflock's LockedTask sends ``<task id>/<host>/<pid>/<task name>``, each part
-percent-encoded; a singleton beat sends ``beat:<pid>/<host>``.
-"""
+percent-encoded; a singleton beat sends ``beat:<pid>/<host>``."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ Three modes (docs/protocol.md, *Ownership*):
 * cluster mode: the cluster node hands the server a new ``cluster.snapshot.ClusterOwnership``
   whenever its view of the shard map or its lease changes.
 
-An ownership object is an immutable snapshot, swapped whole (``Server.set_ownership``).
-"""
+An ownership object is an immutable snapshot, swapped whole (``Server.set_ownership``)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ journal's header records. Another mount is either the same file system bound onc
 container's new bind: the page cache is still there) or one mounted anew: the journal's last
 page, still cached (``tail_resident``) in the first case only, tells them apart. It also tells
 whether a journal whose run could not write it is still whole: pages a failed fsync could not
-write stay readable only while cached. Where the kernel cannot say, the journal is trusted.
-"""
+write stay readable only while cached. Where the kernel cannot say, the journal is trusted."""
 
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """The grants a lease journal holds, as a restart reads them (``replay``): each as it was last
 recorded (``RecordedGrant``), and those not released yet, found by token (``RecordedGrants``).
 
-A restart of a million leases looks up a token per record; a dict keyed by tokens or fences
-costs cache misses and scattered memory. So ``RecordedGrants`` puts a grant in a list's slot at
-its fence (``FENCE_HEX_CHARS``, read as hex) less the list's first: fences are issued one after
-another, so a journal's grants take consecutive slots, and finding one is an index. A fence far
-past the last begins a new list (a *run*). A grant the runs cannot take (a fence below the
-last, as in a rewritten journal) is kept by its token beside. A token with no fence (not
-starting with hex) is no server's: ``put`` refuses it, and the journal's reader takes its record
-as damage.
-"""
+A restart of a million leases looks up a token per record; a dict keyed by tokens or fences costs
+cache misses and scattered memory. So ``RecordedGrants`` puts a grant in a list's slot at its fence
+(``FENCE_HEX_CHARS``, read as hex) less the list's first: fences are issued one after another, so a
+journal's grants take consecutive slots, and finding one is an index. A fence far past the last
+begins a new list (a *run*). A grant the runs cannot take (a fence below the last, as in a rewritten
+journal) is kept by its token beside. A token with no fence (not starting with hex) is no server's:
+``put`` refuses it, and the journal's reader takes its record as damage."""
 
 from __future__ import annotations
 

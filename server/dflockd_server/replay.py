@@ -32,8 +32,7 @@ another boot.
 
 Damage: reading stops at the first line that does not check. A last record without its end of
 line is a torn tail: only that record is lost. Any other damage leaves the records after it
-unknown: the caller applies a restart grace (``state``).
-"""
+unknown: the caller applies a restart grace (``state``)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ from any thread: a cluster node hands over each snapshot from its own), the chec
 asks (``key_check``, ``asked_check``, ``may_hold``, ``hold_check``, the ``shards`` reply), and
 the rest of a cluster node's ``cluster.host.NodeHost`` (``fail_waiters``, ``holders_in``,
 ``key_present``, ``renewals_allowed``). ``make_ownership`` and ``make_cluster_node`` build a
-server's ownership from its config.
-"""
+server's ownership from its config."""
 
 from __future__ import annotations
 

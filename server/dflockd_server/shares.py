@@ -9,8 +9,7 @@ restored from the journal counts against no address until it is reattached.
 An address's load is its grants plus the acquires its open connections have queued: an acquire
 is refused ``error_max_locks`` when the load is at the cap, and so is a reattach or a take-over
 that would add a grant to an address at its cap (``check_rebind``). The counts change as grants
-are made, moved and freed: no scan of the table.
-"""
+are made, moved and freed: no scan of the table."""
 
 from __future__ import annotations
 

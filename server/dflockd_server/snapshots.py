@@ -2,8 +2,7 @@
 
 After a snapshot that took ``t`` seconds of the loop, the next is taken no sooner than
 ``STATS_DUTY_FACTOR * t`` later; each ``stats`` asked meanwhile waits for it and gets the same
-reply, at most ``STATS_ANSWERS_PER_TURN`` askers per turn of the loop.
-"""
+reply, at most ``STATS_ANSWERS_PER_TURN`` askers per turn of the loop."""
 
 from __future__ import annotations
 

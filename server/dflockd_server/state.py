@@ -11,8 +11,7 @@ A start (``plan_start``) restores every lease of the journal still running (the 
 when what the previous run granted cannot be known (earlier state but no journal, or a journal
 unreadable, without a whole header, or damaged before its last record), for the longest lease
 the previous run recorded, else ``max_lease_ttl_s``. An empty directory is a first start: no
-grace. A start on the same boot as one stopped during its grace waits out the rest of it.
-"""
+grace. A start on the same boot as one stopped during its grace waits out the rest of it."""
 
 from __future__ import annotations
 
@@ -63,9 +62,8 @@ def default_state_dir(host: str, port: int, env: Mapping[str, str] | None = None
 
 
 def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> str | None:
-    """The state directory a server with ``config`` uses, in full (``~`` is the home
-    directory, as in a shell: docker-compose, systemd and Kubernetes do not expand it), or None
-    (no state)."""
+    """The state directory a server with ``config`` uses, in full (``~`` is the home directory, as
+    in a shell: docker-compose, systemd and Kubernetes do not expand it), or None (no state)."""
     if (given := config.state_dir) is not None:
         return None if given.lower() == NO_STATE else os.path.abspath(os.path.expanduser(given))
     return None if config.port == 0 else default_state_dir(config.host, config.port, env)

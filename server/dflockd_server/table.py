@@ -19,8 +19,7 @@ detached grant over for a connection, with the ``<onclose>`` lease it is detache
 when that connection closes.
 
 ``LockTable`` is the table's face; the state and steps are its ``grants.Grants``, the records
-are in ``keys``, the expiry index and idle log in ``leases``.
-"""
+are in ``keys``, the expiry index and idle log in ``leases``."""
 
 from __future__ import annotations
 
@@ -532,9 +531,8 @@ class LockTable:
         return lease_ttl
 
     def _session_over(self, holder: Holder, now: float) -> bool:
-        """Whether the grant ``holder`` ended with its session: a session past its time, not
-        swept yet, ends here (as a keep-alive ends it), with its grants unless auto-release
-        is off."""
+        """Whether the grant ``holder`` ended with its session: a session past its time, not swept
+        yet, ends here (as a keep-alive ends it), with its grants unless auto-release is off."""
         kept = holder.client.kept_by
         if kept is None or kept.expires_at > now:
             return False

@@ -4,8 +4,7 @@ A TLS connection is a plain TCP connection to the event loop; ``TlsSession`` tur
 read from the socket into request bytes and reply bytes into bytes to send, through OpenSSL's
 ``ssl.SSLObject`` on two ``ssl.MemoryBIO`` buffers. Nothing here does I/O. Not the loop's own
 TLS: its transports give each connection in its handshake a 256 KiB read buffer, so connections
-that never finish their handshake grow the server; here a handshake costs its ``SSLObject``.
-"""
+that never finish their handshake grow the server; here a handshake costs its ``SSLObject``."""
 
 from __future__ import annotations
 

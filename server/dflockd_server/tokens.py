@@ -13,12 +13,10 @@ member's thread, so both hold the counter's lock. That lock is never held while 
 stored (an fsync, an etcd round trip): stores go one at a time under ``_store_lock``, so a
 member thread storing for a slow etcd never holds up the loop's grants.
 
-With ``store_ahead`` (a server), once the counter has used half the block under the stored
-ceiling, the next one is stored on the executor's thread while grants go on; a counter that
-reaches the stored ceiling before that store is done issues nothing (``FenceStateError``)
-rather than wait. Without it the ceiling is stored when the counter reaches it, in the
-caller's thread.
-"""
+With ``store_ahead`` (a server), once the counter has used half the block under the stored ceiling,
+the next one is stored on the executor's thread while grants go on; a counter that reaches the
+stored ceiling before that store is done issues nothing (``FenceStateError``) rather than wait.
+Without it the ceiling is stored when the counter reaches it, in the caller's thread."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The parsers and checks the settings table (``settings``) names: each parser turns a raw
-string into a value or raises ``ValueError`` with a short reason; each check returns ``None``
-or a reason a typed value is unusable.
-"""
+"""The parsers and checks the settings table (``settings``) names: each parser turns a raw string
+into a value or raises ``ValueError`` with a short reason; each check returns ``None`` or a reason a
+typed value is unusable."""
 
 from __future__ import annotations
 
