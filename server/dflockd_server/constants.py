@@ -130,18 +130,9 @@ SESSION_ID_MIN: Final = 16
 SESSION_ID_MAX: Final = 64
 DEFAULT_SESSION_TTL_S: Final = 3
 FEATURES: Final = (
-    FEATURE_FENCE,
-    FEATURE_PING,
-    FEATURE_STATS,
-    FEATURE_HELLO,
-    FEATURE_SEMAPHORE,
-    FEATURE_TWO_PHASE,
-    FEATURE_LIMIT_MISMATCH,
-    FEATURE_SHARDS,
-    FEATURE_HOLDS,
-    FEATURE_ASK,
-    FEATURE_FORCE_RELEASE,
-)
+    FEATURE_FENCE, FEATURE_PING, FEATURE_STATS, FEATURE_HELLO, FEATURE_SEMAPHORE, FEATURE_TWO_PHASE,
+    FEATURE_LIMIT_MISMATCH, FEATURE_SHARDS, FEATURE_HOLDS, FEATURE_ASK, FEATURE_FORCE_RELEASE,
+)  # fmt: skip
 """What ``hello`` lists, in this order (beyond every dflockd's ``l``, ``n``, ``r``)."""
 
 # ---------------------------------------------------------------- reply statuses
@@ -178,14 +169,12 @@ HASH_FNV1A32: Final = "fnv1a32"
 CLUSTER_SCHEME: Final = "etcd"
 CLUSTER_TLS_SCHEME: Final = "etcds"
 DEFAULT_CLUSTER_PREFIX: Final = "/dflockd"
-CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
-    {
-        "rebalance": ("[--dry-run] [--verbose]", "even out the shards over the live members"),
-        "pin": ("SHARD [NODE]", "never move SHARD automatically (optionally onto NODE)"),
-        "unpin": ("SHARD", "let SHARD be moved automatically again"),
-        "shards": ("", "summarise the shard map"),
-    }
-)
+CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
+    "rebalance": ("[--dry-run] [--verbose]", "even out the shards over the live members"),
+    "pin": ("SHARD [NODE]", "never move SHARD automatically (optionally onto NODE)"),
+    "unpin": ("SHARD", "let SHARD be moved automatically again"),
+    "shards": ("", "summarise the shard map"),
+})  # fmt: skip
 """``dflockd COMMAND --cluster URL ...`` (``cluster.ops``): each one's arguments and meaning."""
 
 # ---------------------------------------------------------------- server internals
@@ -223,25 +212,9 @@ STOP_SETTLE_S: Final = 1.0
 STOP_SETTLE_POLL_S: Final = 0.001
 DRAIN_POLL_S: Final = 0.01
 METRICS_LATENCY_BUCKETS_S: Final = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 """Upper bounds of the request-duration histogram (a waiting acquire counts its wait)."""
 METRICS_SCRAPE_TIMEOUT_S: Final = 5.0
 METRICS_MAX_HTTP_CONNECTIONS: Final = 16
