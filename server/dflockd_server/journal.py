@@ -160,37 +160,12 @@ class Journal:
     ``anchor_wall + (t - anchor_clock)``. Tests give failing ``fsync_file`` / ``fsync_dir``;
     the simulator (tests/sim) gives ``write`` and ``clocks`` (the anchor's clocks and ids)."""
 
-    __slots__ = (
-        "_anchor_clock",
-        "_anchor_mono_ms",
-        "_anchor_wall_ms",
-        "_clock",
-        "_clocks",
-        "_fd",
-        "_fd_lock",
-        "_fsync_dir",
-        "_fsync_file",
-        "_lifetime",
-        "_must_sync",
-        "_said_read_only",
-        "_size",
-        "_sync_error",
-        "_sync_on_loop",
-        "_sync_wanted",
-        "_synced",
-        "_syncer",
-        "_write",
-        "_written",
-        "buf",
-        "failure",
-        "fsync",
-        "mark_removed",
-        "path",
-        "record_renewals",
-        "refused",
-        "stats",
-        "writable",
-    )
+    __slots__ = ("_anchor_clock", "_anchor_mono_ms", "_anchor_wall_ms", "_clock", "_clocks", "_fd",
+                 "_fd_lock", "_fsync_dir", "_fsync_file", "_lifetime", "_must_sync",
+                 "_said_read_only", "_size", "_sync_error", "_sync_on_loop", "_sync_wanted",
+                 "_synced", "_syncer", "_write", "_written", "buf", "failure", "fsync",
+                 "mark_removed", "path", "record_renewals", "refused", "stats",
+                 "writable")  # fmt: skip
 
     def __init__(
         self,

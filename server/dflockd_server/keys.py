@@ -56,18 +56,8 @@ class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued.
     ``on_close``: grants taken over with ``ht`` and an ``<onclose>`` lease (holder -> lease)."""
 
-    __slots__ = (
-        "close",
-        "closed",
-        "enqueued",
-        "held",
-        "id",
-        "kept_by",
-        "n_held",
-        "on_close",
-        "session",
-        "waiting",
-    )
+    __slots__ = ("close", "closed", "enqueued", "held", "id", "kept_by", "n_held", "on_close",
+                 "session", "waiting")  # fmt: skip
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
@@ -129,17 +119,8 @@ class Holder:
     in the key map (``live`` false) is the key's idle entry: its ``expires_at`` is the time the
     key went idle, and its ``token`` is empty."""
 
-    __slots__ = (
-        "client",
-        "covered",
-        "expires_at",
-        "key",
-        "lease_ttl",
-        "live",
-        "note",
-        "since",
-        "token",
-    )
+    __slots__ = ("client", "covered", "expires_at", "key", "lease_ttl", "live", "note", "since",
+                 "token")  # fmt: skip
 
     def __init__(
         self,
@@ -178,17 +159,8 @@ class Waiter:
     """A queued acquire: ``holder`` once granted; ``active`` while queued; ``note`` and
     ``detached`` (``hl`` only) go to its grant."""
 
-    __slots__ = (
-        "active",
-        "client",
-        "detached",
-        "enqueued",
-        "holder",
-        "lease_ttl",
-        "note",
-        "state",
-        "wake",
-    )
+    __slots__ = ("active", "client", "detached", "enqueued", "holder", "lease_ttl", "note", "state",
+                 "wake")  # fmt: skip
 
     def __init__(self, client: Client, state: KeyState, lease_ttl: int) -> None:
         self.client = client
@@ -222,18 +194,8 @@ class KeyState:
     holders' earliest lease expiry. ``last_used`` is read only while the key is idle; while
     held, it holds a lease expiry rather than a float of its own."""
 
-    __slots__ = (
-        "earliest",
-        "is_sem",
-        "key",
-        "last_used",
-        "limit",
-        "many",
-        "n_held",
-        "n_waiting",
-        "one",
-        "queue",
-    )
+    __slots__ = ("earliest", "is_sem", "key", "last_used", "limit", "many", "n_held", "n_waiting",
+                 "one", "queue")  # fmt: skip
 
     def __init__(self, key: str, is_sem: bool, limit: int, now: float) -> None:
         self.key = key
@@ -283,15 +245,8 @@ def lock_state(holder: Holder) -> KeyState:
 class Counts:
     """Running totals since start-up, each ``[lock, semaphore]``, read by the metrics."""
 
-    __slots__ = (
-        "expiries",
-        "forced",
-        "grants",
-        "lost_by_disconnect",
-        "releases",
-        "restored",
-        "timeouts",
-    )
+    __slots__ = ("expiries", "forced", "grants", "lost_by_disconnect", "releases", "restored",
+                 "timeouts")  # fmt: skip
 
     def __init__(self) -> None:
         self.restored = [0, 0]

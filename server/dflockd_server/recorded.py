@@ -22,18 +22,8 @@ class RecordedGrant:
     """One grant as the journal last recorded it (not a dataclass: compiled, its ``__init__``
     would stay interpreted, and a restart makes a million)."""
 
-    __slots__ = (
-        "detached",
-        "is_sem",
-        "key",
-        "lease_ttl",
-        "left",
-        "limit",
-        "note",
-        "on_close",
-        "token",
-        "until_ms",
-    )
+    __slots__ = ("detached", "is_sem", "key", "lease_ttl", "left", "limit", "note", "on_close",
+                 "token", "until_ms")  # fmt: skip
 
     def __init__(  # noqa: PLR0917 (the record's fields in order, made a million times)
         self,

@@ -49,20 +49,8 @@ from dflockd_server.keys import (
 )
 from dflockd_server.leases import COMPACT_MIN
 
-__all__ = [
-    "AlreadyEnqueued",
-    "Bound",
-    "Client",
-    "ClientSession",
-    "Entry",
-    "Holder",
-    "KeyState",
-    "LimitMismatch",
-    "LockTable",
-    "MaxLocks",
-    "MaxWaiters",
-    "Waiter",
-]
+__all__ = ["AlreadyEnqueued", "Bound", "Client", "ClientSession", "Entry", "Holder", "KeyState",
+           "LimitMismatch", "LockTable", "MaxLocks", "MaxWaiters", "Waiter"]  # fmt: skip
 
 _EXPIRES_AT = operator.attrgetter("expires_at")
 

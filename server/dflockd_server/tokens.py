@@ -49,22 +49,9 @@ compares two small ints."""
 class FenceCounter:
     """Issues tokens: 16 hex digits of counter, then 16 hex digits of randomness."""
 
-    __slots__ = (
-        "_ahead",
-        "_block",
-        "_ceiling",
-        "_check_at",
-        "_counter",
-        "_high",
-        "_high_hex",
-        "_lock",
-        "_pool",
-        "_pool_pos",
-        "_random",
-        "_store",
-        "_store_lock",
-        "_storing",
-    )
+    __slots__ = ("_ahead", "_block", "_ceiling", "_check_at", "_counter", "_high", "_high_hex",
+                 "_lock", "_pool", "_pool_pos", "_random", "_store", "_store_lock",
+                 "_storing")  # fmt: skip
 
     def __init__(
         self,
