@@ -92,10 +92,9 @@ class Admission:
         if now - self.ip_cap_logged.get(ip, -math.inf) >= IP_CAP_LOG_INTERVAL_S:
             self.ip_cap_logged[ip] = now
             log.warning(
-                "%s holds or waits for %d locks and slots, "
-                "--max-locks-per-ip (DFLOCKD_MAX_LOCKS_PER_IP) is %d: its new acquires, "
-                "reattaches and take-overs get error_max_locks (logged once a minute per "
-                "address)",
+                "%s holds or waits for %d locks and slots, --max-locks-per-ip "
+                "(DFLOCKD_MAX_LOCKS_PER_IP) is %d: its new acquires, reattaches and take-overs get "
+                "error_max_locks (logged once a minute per address)",
                 ip,
                 load,
                 self.config.locks_per_ip,
@@ -107,8 +106,7 @@ class Admission:
     def forget(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            count = self.per_ip.get(conn.stream.ip, 0) - 1
-            if count > 0:
+            if (count := self.per_ip.get(conn.stream.ip, 0) - 1) > 0:
                 self.per_ip[conn.stream.ip] = count
             else:
                 self.per_ip.pop(conn.stream.ip, None)

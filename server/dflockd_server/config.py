@@ -122,8 +122,7 @@ class Config:
     def __post_init__(self) -> None:
         for setting in SETTINGS:
             value = getattr(self, setting.field)
-            problem = None if value is None else setting.check(value)
-            if problem is not None:
+            if (problem := None if value is None else setting.check(value)) is not None:
                 raise ConfigError(f"{setting.field}={value!r} ({names(setting.field)}): {problem}")
         check_pairs(partial(getattr, self), *_SERVER_PAIRS)
         if self.default_lease_ttl_s > self.max_lease_ttl_s:

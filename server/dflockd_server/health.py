@@ -24,8 +24,7 @@ def _request(sock: socket.socket, command: str, argument: str) -> str:
     sock.sendall(f"{command}\n{c.PLACEHOLDER}\n{argument}\n".encode())
     reply = b""
     while not reply.endswith(b"\n"):
-        chunk = sock.recv(c.MAX_LINE_BYTES + 1)
-        if not chunk:
+        if not (chunk := sock.recv(c.MAX_LINE_BYTES + 1)):
             raise ConnectionError("the server closed the connection")
         reply += chunk
         if len(reply) > c.MAX_LINE_BYTES:
@@ -44,12 +43,9 @@ def check(host: str, port: int, auth_token: str | None, tls: bool) -> str | None
             ctx.verify_mode = ssl.CERT_NONE
             sock = ctx.wrap_socket(sock, server_hostname=host)
         with sock:
-            if auth_token:
-                answer = _request(sock, c.CMD_AUTH, auth_token)
-                if answer != c.STATUS_OK:
-                    return f"auth refused: {answer!r}"
-            answer = _request(sock, c.CMD_PING, c.PLACEHOLDER)
-            if answer != c.STATUS_OK:
+            if auth_token and (answer := _request(sock, c.CMD_AUTH, auth_token)) != c.STATUS_OK:
+                return f"auth refused: {answer!r}"
+            if (answer := _request(sock, c.CMD_PING, c.PLACEHOLDER)) != c.STATUS_OK:
                 return f"ping answered {answer!r}"
     except OSError as exc:
         return f"{host}:{port} unreachable: {exc}"
@@ -73,8 +69,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
         return 1
     tls = _setting(env, "tls_cert") is not None
-    problem = check(host, c.DEFAULT_PORT if port is None else port, token, tls)
-    if problem is not None:
+    if (problem := check(host, c.DEFAULT_PORT if port is None else port, token, tls)) is not None:
         print(f"dflockd health: {problem}", file=sys.stderr)
         return 1
     return 0

@@ -78,8 +78,7 @@ class LeaseIndex:
         for lease_ttl in list(by_ttl):
             while True:
                 # Fetched anew at each step: the grants an expiry makes may compact the index.
-                run = by_ttl.get(lease_ttl)
-                if run is None:
+                if (run := by_ttl.get(lease_ttl)) is None:
                     break
                 times, head = run.times, run.head
                 if head >= len(times):

@@ -55,11 +55,9 @@ def tail_resident(path: str) -> bool | None:
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size == 0:
+        if (size := os.fstat(fd).st_size) == 0:
             return None
-        cached = _cached_pages(fd, size - 1)
-        if cached is not None:
+        if (cached := _cached_pages(fd, size - 1)) is not None:
             return cached > 0
         try:
             os.preadv(fd, [bytearray(1)], size - 1, os.RWF_NOWAIT)

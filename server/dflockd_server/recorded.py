@@ -117,8 +117,7 @@ class RecordedGrants:
         if fence < 0:
             raise ValueError(f"the token {token!r} has no fence")
         # Below the end: in a run's slot, or kept beside (never both).
-        k = self._run_holding(token, fence)
-        if k >= 0:
+        if (k := self._run_holding(token, fence)) >= 0:
             self._runs[k][fence - self._bases[k]] = rec
         else:
             self._others[token] = rec
@@ -144,8 +143,7 @@ class RecordedGrants:
 
     def get(self, token: str) -> RecordedGrant | None:
         fence = _fence(token)
-        k = self._run_holding(token, fence)
-        if k >= 0:
+        if (k := self._run_holding(token, fence)) >= 0:
             return self._runs[k][fence - self._bases[k]]
         others = self._others
         return others.get(token) if others else None
@@ -153,8 +151,7 @@ class RecordedGrants:
     def pop(self, token: str) -> RecordedGrant | None:
         """Let go of the grant kept for ``token`` and return it (``None``: none is)."""
         fence = _fence(token)
-        k = self._run_holding(token, fence)
-        if k >= 0:
+        if (k := self._run_holding(token, fence)) >= 0:
             run = self._runs[k]
             i = fence - self._bases[k]
             rec = run[i]

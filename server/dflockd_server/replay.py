@@ -160,8 +160,7 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         boot, _, mount = parts[1].partition(".")
         anchor = (boot, int(parts[2]), int(parts[3]))
         read.mount = int(mount) if mount.isdigit() else None
-        first = read.anchor
-        if first is None:
+        if (first := read.anchor) is None:
             read.anchor = anchor
         elif anchor[0] == first[0] != "-" and anchor[2] >= first[2]:
             # A restart on the same boot: shift by the difference of the anchors' offsets.
@@ -218,10 +217,8 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
     whole is read without checking each line; anything else is checked line by line."""
     pos = 0
     while pos < size:
-        head = _next_batch(data, pos, size)
-        if head > pos:
-            stop = _read_checked(read, data, pos, head)
-            if stop >= 0:
+        if (head := _next_batch(data, pos, size)) > pos:
+            if (stop := _read_checked(read, data, pos, head)) >= 0:
                 return stop, pos
             pos = head
             continue
@@ -241,8 +238,7 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
                     text = str(memoryview(data)[first:after], "utf-8")  # (no copy of the bytes)
                 if text:
                     read.records += 1  # the K line
-                    n = _apply_lines(read, text.split("\n"))
-                    if n >= 0:
+                    if (n := _apply_lines(read, text.split("\n"))) >= 0:
                         return _line_start(data[first:after].split(b"\n"), first, n), pos
                     pos = after
                     continue
@@ -256,8 +252,7 @@ def _next_batch(data: bytes, pos: int, size: int) -> int:
     ``size`` (a note may hold ``" K "``: a hit mid-line is passed over)."""
     at = pos
     while True:
-        hit = data.find(_BATCH_MARK, at, size)
-        if hit < 0:
+        if (hit := data.find(_BATCH_MARK, at, size)) < 0:
             return size
         start = hit - 8
         if start == pos or (start > pos and data[start - 1 : start] == b"\n"):
@@ -375,8 +370,7 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
     """``_read_lines``, a line at a time."""
     pos, size = 0, len(data)
     while pos < size:
-        end = data.find(b"\n", pos)
-        if end < 0:
+        if (end := data.find(b"\n", pos)) < 0:
             read.damage = "a record without its end of line (a write cut short)"
             return pos
         line = data[pos:end]

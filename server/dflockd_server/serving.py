@@ -142,12 +142,10 @@ class KeyServing:
     def _fail_waiters(self, wanted: frozenset[int], reply: bytes) -> int:
         failed = 0
         for conn in list(self.connections):
-            waiter = conn.waiter
-            if waiter is not None and shard_id(waiter.state.key) in wanted:
+            if (waiter := conn.waiter) is not None and shard_id(waiter.state.key) in wanted:
                 conn.answer_wait(reply)
                 failed += 1
-            session = conn.session
-            if session is not None:
+            if (session := conn.session) is not None:
                 for key in list(session.client.enqueued):
                     if shard_id(key) in wanted and session.fail_enqueued(key, reply):
                         failed += 1
@@ -161,8 +159,7 @@ class KeyServing:
     def held_shards(self) -> set[int]:
         """The shards with a key held or queued now (on the loop). Before the table is made and
         during a restart grace, every shard counts as held: nothing is handed over blind."""
-        table = self.table
-        if table is None or table.grace_remaining() > 0:
+        if (table := self.table) is None or table.grace_remaining() > 0:
             return set(range(SHARD_COUNT))
         return {shard_id(key) for key in table.busy_keys()}
 
@@ -174,7 +171,6 @@ class KeyServing:
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread, waiting for its result."""
-        loop = self.loop
-        if loop is None or threading.get_ident() == self.loop_thread:
+        if (loop := self.loop) is None or threading.get_ident() == self.loop_thread:
             return fn()
         return run_on(loop, fn)

@@ -42,16 +42,14 @@ class AddressShares:
 
     def opened(self, client: Client, ip: str) -> None:
         self.ip_of[client] = ip
-        same = self.clients.get(ip)
-        if same is None:
+        if (same := self.clients.get(ip)) is None:
             same = self.clients[ip] = set()
         same.add(client)
 
     def closed(self, client: Client, ip: str) -> None:
         """``client``'s connection is gone (after the table's ``disconnect``); the grants it
         still holds keep counting against ``ip``."""
-        same = self.clients.get(ip)
-        if same is not None:
+        if (same := self.clients.get(ip)) is not None:
             same.discard(client)
             if not same:
                 del self.clients[ip]
@@ -76,10 +74,8 @@ class AddressShares:
         ip = self.ip_of.get(client)
         if ip is None or n_keys < self.cap or self.address(holder) == ip:
             return
-        load = self.load(ip)
-        if load >= self.cap:
-            refused = self.refused
-            if refused is not None:
+        if (load := self.load(ip)) >= self.cap:
+            if (refused := self.refused) is not None:
                 refused(ip, load)
             raise MaxLocks(holder.key)
 
@@ -109,13 +105,11 @@ class AddressShares:
         """The grant ``old`` was rebound as ``new``: to a connection, it counts against that
         connection's address; detached, the same one."""
         owner = old.client
-        was = self.ip_of.get(owner)
-        if was is None:
+        if (was := self.ip_of.get(owner)) is None:
             was = self.detached.pop(old.token, None)
         elif owner.closed and not owner.n_held:
             del self.ip_of[owner]
-        ip = self.ip_of.get(new.client)
-        if ip is None:  # detached: it keeps its address
+        if (ip := self.ip_of.get(new.client)) is None:  # detached: it keeps its address
             if was is not None:
                 self.detached[new.token] = was
             return

@@ -135,8 +135,7 @@ class LockTable:
         else:
             session.ttl = ttl
             session.expires_at = max(session.expires_at, now + ttl)
-        old = client.kept_by
-        if old is session:
+        if (old := client.kept_by) is session:
             return
         if old is not None and old.expires_at <= now:
             self._end_session_of(old, now)
@@ -155,8 +154,7 @@ class LockTable:
         of its grants its own lease. ``False`` when there is no such session, or when
         ``may_hold`` refuses the key of one of its grants (a fenced cluster member renews
         nothing): then nothing is renewed, and the holder learns the loss."""
-        session = self.sessions.get(session_id)
-        if session is None:
+        if (session := self.sessions.get(session_id)) is None:
             return False
         now = self.clock()
         if session.expires_at <= now:
@@ -312,8 +310,7 @@ class LockTable:
         """``hd``: detach the grant ``token`` holds on the lock ``key`` from its connection,
         with ``lease_ttl`` from now; ``False`` if ``token`` holds no lock on ``key``."""
         grants = self.grants
-        holder = grants.holder_of(key, token)
-        if holder is None or not grants.is_lock_grant(holder):
+        if (holder := grants.holder_of(key, token)) is None or not grants.is_lock_grant(holder):
             return False
         if holder.client.kept_by is not None and self._session_over(holder, self.clock()):
             return False
@@ -340,8 +337,7 @@ class LockTable:
         ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is bound
         to a live connection, ``MaxLocks`` if ``client`` or its address is at its cap."""
         grants = self.grants
-        holder = grants.holder_of(key, token)
-        if holder is None or not grants.is_lock_grant(holder):
+        if (holder := grants.holder_of(key, token)) is None or not grants.is_lock_grant(holder):
             return None
         if not self.is_detached(holder):
             raise Bound(key, holder.note)
@@ -369,8 +365,7 @@ class LockTable:
     def set_note(self, key: str, token: str, note: str) -> bool:
         """``note``: replace the owner note of ``token``'s grant on ``key``; ``False`` if none."""
         grants = self.grants
-        holder = grants.holder_of(key, token)
-        if holder is None:
+        if (holder := grants.holder_of(key, token)) is None:
             return False
         holder.note = note
         if grants.journal is not None:
@@ -411,8 +406,7 @@ class LockTable:
 
     def find_enqueued(self, client: Client, key: str) -> Waiter | None:
         """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first)."""
-        waiter = client.enqueued.get(key)
-        if waiter is not None and waiter.holder is not None:
+        if (waiter := client.enqueued.get(key)) is not None and waiter.holder is not None:
             grants = self.grants
             grants.check(waiter.state, self.clock())
             grants.flush()
@@ -464,8 +458,7 @@ class LockTable:
         """``fr``: free every grant on ``key``, whoever holds it, as a release does (a lease
         already run out expires as usual). Returns the grants freed."""
         grants = self.grants
-        entry = grants.keys.get(key)
-        if entry is None:
+        if (entry := grants.keys.get(key)) is None:
             return []
         now = self.clock()
         forced = grants.counts.forced
@@ -521,8 +514,7 @@ class LockTable:
     def _session_over(self, holder: Holder, now: float) -> bool:
         """Whether the grant ``holder`` ended with its session: a session past its time, not swept
         yet, ends here (as a keep-alive ends it), with its grants unless auto-release is off."""
-        kept = holder.client.kept_by
-        if kept is None or kept.expires_at > now:
+        if (kept := holder.client.kept_by) is None or kept.expires_at > now:
             return False
         self._end_session_of(kept, now)
         return not holder.live
@@ -601,8 +593,7 @@ class LockTable:
         try:
             while leases:
                 rec = pop()
-                holder = self.restore(rec, rec.left, now)
-                if holder is None:
+                if (holder := self.restore(rec, rec.left, now)) is None:
                     refused.append(rec)
                     continue
                 if in_order:
@@ -697,8 +688,7 @@ class LockTable:
                 self._end_session_of(session, now)
         for holder in grants.leases.due(now):
             if holder.live and holder.expires_at <= now:
-                state = grants.state_of(holder)
-                if state is None:
+                if (state := grants.state_of(holder)) is None:
                     grants.expire_bare(holder, now)
                     expired += 1
                 else:

@@ -7,7 +7,6 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 from dflockd_server.config import Config
@@ -55,8 +54,7 @@ class ServerThread:
     @property
     def metrics_url(self) -> str | None:
         """``http://host:port/metrics`` when the config sets ``metrics_port``, else ``None``."""
-        address = self.server.metrics_address
-        if address is None:
+        if (address := self.server.metrics_address) is None:
             return None
         host = WILDCARD_LOOPBACK.get(address[0], address[0])
         return f"http://{f'[{host}]' if ':' in host else host}:{address[1]}/metrics"
@@ -69,8 +67,7 @@ class ServerThread:
         self._thread.start()
         if not self._ready.wait(_START_TIMEOUT_S):
             # Cancelled, a start closes what it opened (a started server stops): the thread ends.
-            loop = self._loop
-            if loop is not None:
+            if (loop := self._loop) is not None:
                 with contextlib.suppress(RuntimeError):  # (a loop closed since: it has ended)
                     loop.call_soon_threadsafe(self._main_task.cancel)
                 self._thread.join(_STOP_TIMEOUT_S)
@@ -121,8 +118,7 @@ class ServerThread:
 
     def call(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
         """Run ``fn()`` on the server's loop thread and return its result."""
-        loop = self._loop
-        if loop is None:
+        if (loop := self._loop) is None:
             raise RuntimeError("server not started")
         return run_on(loop, fn, timeout)
 
@@ -132,10 +128,5 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

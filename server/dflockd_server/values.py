@@ -41,8 +41,7 @@ def parse_bool(raw: str) -> bool:
 
 
 def parse_str(raw: str) -> str:
-    text = raw.strip()
-    if not text:
+    if not (text := raw.strip()):
         raise ValueError("empty")
     return text
 
@@ -137,8 +136,7 @@ def parse_member(raw: str) -> str:
 def _each_once(given: Iterable[str]) -> tuple[str, ...]:
     """Each of ``given`` as ``parse_member`` reads it, in order; refused when none is given or one
     appears twice (however written)."""
-    members = tuple(map(parse_member, given))
-    if not members:
+    if not (members := tuple(map(parse_member, given))):
         raise ValueError("empty: give HOST:PORT,HOST:PORT,... (every member, in one order)")
     for i, member in enumerate(members):
         if member in members[:i]:
