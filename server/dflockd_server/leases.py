@@ -116,9 +116,8 @@ class IdleLog:
         return entry.last_used == stamp and entry.idle and keys.get(entry.key) is entry
 
     def note(self, keys: dict[str, Entry], state: KeyState) -> None:
-        if state.n_waiting or state.n_held:
-            return
-        self.log(keys, state, state.last_used)
+        if not state.n_waiting and not state.n_held:
+            self.log(keys, state, state.last_used)
 
     def log(self, keys: dict[str, Entry], entry: Entry, stamp: float) -> None:
         entries, stamps = self.entries, self.stamps
