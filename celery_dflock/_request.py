@@ -53,10 +53,8 @@ __all__ = [
     "mapping_of",
     "mark_held",
     "note_parts",
-    "request_headers",
     "resend",
 ]
-
 
 LOCK_OPTIONS_HEADER: Final = "dflock_options"
 """Message header carrying per-call lock options (``apply_async(..., lock_timeout=5)``)."""
@@ -87,21 +85,15 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 def mapping_of(value: object) -> Mapping[str, Any] | None:
-    """``value`` when it is a mapping (a header's value, as the message carried it)."""
+    """``value`` when it is a mapping (a header's value, or ``request.headers``)."""
     return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else None
-
-
-def request_headers(request: Any) -> Mapping[str, Any] | None:
-    """``request.headers`` when it is a mapping."""
-    headers = getattr(request, "headers", None)
-    return cast("Mapping[str, Any]", headers) if isinstance(headers, Mapping) else None
 
 
 def header(request: Any, name: str) -> object:
     """A message header of the current request (a request attribute on a worker, an entry of
     ``request.headers`` in eager runs)."""
     value = getattr(request, name, None)
-    if value is None and (headers := request_headers(request)) is not None:
+    if value is None and (headers := mapping_of(getattr(request, "headers", None))) is not None:
         value = headers.get(name)
     return cast("object", value)
 
@@ -172,7 +164,7 @@ def resend(
     `LOCK_RETRIES_HEADER`, not Celery's ``retries`` (a busy key never uses up the task's
     ``max_retries``). ``busy``: the `Retry`'s exception; ``extra``: more headers."""
     request = message.request
-    headers = dict(request_headers(request) or {})
+    headers = dict(mapping_of(getattr(request, "headers", None)) or {})
     # A worker's request keeps these as attributes.
     for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
         if (value := header(request, name)) is not None:

@@ -33,7 +33,7 @@ from celery_dflock._request import (
     Follow,
     header,
     held_lock,
-    request_headers,
+    mapping_of,
 )
 from celery_dflock._run import locked_run
 from celery_dflock._runtime import AnyLock, app_client, check_attributes
@@ -256,7 +256,7 @@ class LockedTask(Task):
             )
         given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
         given_headers = cast("Mapping[str, Any]", options.pop("headers", None) or {})
-        headers = {**(request_headers(request) or {}), **given_headers}
+        headers = {**(mapping_of(getattr(request, "headers", None)) or {}), **given_headers}
         if took_key:  # its key was busy, or its server away, no more: the retry starts afresh
             headers[LOCK_RETRIES_HEADER] = headers[OUTAGE_HEADER] = None
         if given:
