@@ -22,10 +22,11 @@ __all__ = [
     "WorkerLostError",
     "backoff_interval",
     "get_logger",
-    "get_task_logger",
     "inspect_command",
     "signals",
+    "task_logger",
     "task_stack",
+    "worker_logger",
 ]
 
 BaseTask: Final[Any] = _Task
@@ -40,5 +41,8 @@ backoff_interval: Final[Any] = _backoff_interval
 TimeLimitExceeded: Final[type[Exception]] = _exceptions.TimeLimitExceeded
 WorkerLostError: Final[type[Exception]] = _exceptions.WorkerLostError
 get_logger: Final[Any] = _get_logger
-get_task_logger: Final[Any] = _get_task_logger
 inspect_command: Final[Any] = _inspect_command
+task_logger: Final[Any] = _get_task_logger("celery_dflock.task")
+"""For what a run logs while it runs (Celery prefixes it with ``name[id]``)."""
+worker_logger: Final[Any] = _get_logger("celery_dflock.worker")
+"""For the renewal thread, where Celery's task prefix would read ``???[???]``."""

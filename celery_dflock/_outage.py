@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from celery_dflock._celery import get_task_logger
+from celery_dflock._celery import task_logger as logger
 from celery_dflock._request import OUTAGE_HEADER, Message, backoff, header, mapping_of, resend
 from celery_dflock.client.errors import ServerDraining, ServerReadOnly, ServerUnavailable
 from celery_dflock.config import LockOptions
@@ -48,8 +48,6 @@ __all__ = [
     "retry_outage",
     "server_state",
 ]
-
-logger: Any = get_task_logger("celery_dflock.task")
 
 OUTAGE_BUDGET_S: Final = 600.0
 """How long a run's lock server may stay unreachable before the run fails: far beyond a

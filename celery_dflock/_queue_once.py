@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, cast
 
-from celery_dflock._celery import get_logger, get_task_logger
+from celery_dflock._celery import task_logger as logger, worker_logger
 from celery_dflock._outage import server_state
 from celery_dflock._request import (
     HOLD_HEADER,
@@ -67,9 +67,6 @@ __all__ = [
     "run_follower",
     "take_over",
 ]
-
-logger: Any = get_task_logger("celery_dflock.task")
-worker_logger: Any = get_logger("celery_dflock.worker")
 
 
 def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:

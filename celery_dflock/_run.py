@@ -36,9 +36,9 @@ from celery_dflock._celery import (
     Reject,
     Signal,
     backoff_interval,
-    get_logger,
-    get_task_logger,
+    task_logger as logger,
     task_stack,
+    worker_logger,
 )
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
 from celery_dflock._queue_once import eager_duplicate, hand_off_hold, run_follower, take_over
@@ -77,9 +77,6 @@ lock_lost: Final[Any] = Signal(name="lock_lost")
 """A running task's lock was lost (renewal refused, or its server unreachable)."""
 lock_skipped: Final[Any] = Signal(name="lock_skipped")
 """A task run was skipped because its lock was busy (``on_locked="skip"``)."""
-
-logger: Any = get_task_logger("celery_dflock.task")
-"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
 
 
 def locked_run(
@@ -361,9 +358,6 @@ def contended(
 
 
 # --------------------------------------------------------------- the lost-lock guard (on_lock_lost)
-
-worker_logger: Any = get_logger("celery_dflock.worker")
-"""For the renewal thread, where Celery's task prefix would read ``???[???]``."""
 
 
 class _Interrupted(LockLost):
