@@ -176,10 +176,8 @@ def locked_run(
     # The body, with the lock held: recorded (on the request; with ``record``, in a pool
     # child's held-lock records), guarded, and released however the body ends.
     mark_held(request, key, lock, options)
-    if record and runtime.in_pool_child and message.task_id:
-        writer = runtime.held_writer()
-        if writer is not None:
-            guard.unrecord = writer.add(message.task_id, lock, options.limit)
+    if record and runtime.in_pool_child and message.task_id and (writer := runtime.held_writer()):
+        guard.unrecord = writer.add(message.task_id, lock, options.limit)
     fence = lock.fence
     try:
         result = guard.run_body(body or run, message.call, lock)
@@ -301,7 +299,6 @@ def contended(
     """The key is busy: held by other runs, or (``mismatch``) in use with another limit (the
     server refuses at once: a lock is a semaphore of limit 1); ``on_locked`` applies."""
     run = message.label
-    args, kwargs = message.call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
     if mismatch is None:  # not busy: a cluster hand-over outlasted lock_timeout, or a grace
         said = lock.handover or lock.grace if lock is not None else None
@@ -320,8 +317,8 @@ def contended(
             sender=message.task,
             task_id=message.task_id,
             key=key,
-            args=args,
-            kwargs=kwargs,
+            args=message.call[0],
+            kwargs=message.call[1],
             holder=holder,
         )
         raise LockSkipped(
