@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final, TypeVar, cast
 
 from celery_dflock._celery import task_logger as logger, worker_logger
@@ -206,10 +207,7 @@ def publish_hold(
         )
     leases = _pending_leases(options, countdown, eta, expires)
     lease = leases[-1]  # the shortest, named when even that is refused
-
-    def take(ttl: int) -> Hold:
-        return runtime.client(config).hold(key, note=note, lease_ttl=ttl, detached=False)
-
+    take = partial(runtime.client(config).hold, key, note=note, detached=False)
     try:
         hold, lease = _longest_granted(leases, take)
     except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
@@ -430,15 +428,15 @@ def _seconds_until(when: object) -> float | None:
     return (when.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
 
 
-def _longest_granted(leases: tuple[int, ...], ask: Callable[[int], _Asked]) -> tuple[_Asked, int]:
-    """``ask(lease)`` with the first of ``leases`` the server's ``--max-lease-ttl`` allows (a
-    longer one is refused before anything is sent), and that lease; the last one's refusal
-    is raised."""
+def _longest_granted(leases: tuple[int, ...], ask: Callable[..., _Asked]) -> tuple[_Asked, int]:
+    """``ask(lease_ttl=lease)`` with the first of ``leases`` the server's ``--max-lease-ttl``
+    allows (a longer one is refused before anything is sent), and that lease; the last one's
+    refusal is raised."""
     *longer, last = leases
     for lease in longer:
         with suppress(InvalidValueError):
-            return ask(lease), lease
-    return ask(last), last
+            return ask(lease_ttl=lease), lease
+    return ask(lease_ttl=last), last
 
 
 # --------------------------------------------------------------------------------------- a follower
