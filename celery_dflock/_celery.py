@@ -13,22 +13,6 @@ from celery.utils.log import get_logger as _get_logger, get_task_logger as _get_
 from celery.utils.time import get_exponential_backoff_interval as _backoff_interval
 from celery.worker.control import inspect_command as _inspect_command
 
-__all__ = [
-    "BaseTask",
-    "Reject",
-    "Retry",
-    "Signal",
-    "TimeLimitExceeded",
-    "WorkerLostError",
-    "backoff_interval",
-    "get_logger",
-    "inspect_command",
-    "signals",
-    "task_logger",
-    "task_stack",
-    "worker_logger",
-]
-
 BaseTask: Final[Any] = _Task
 """``celery.Task``, for calling its methods from overrides."""
 signals: Final[Any] = _signals

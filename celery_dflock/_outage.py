@@ -37,18 +37,6 @@ from celery_dflock._request import OUTAGE_HEADER, Message, backoff, header, mapp
 from celery_dflock.client.errors import ServerDraining, ServerReadOnly, ServerUnavailable
 from celery_dflock.config import LockOptions
 
-__all__ = [
-    "OUTAGE_BUDGET_S",
-    "OUTAGE_HEADER",
-    "OUTAGE_RECONNECT_S",
-    "OutageCounter",
-    "OutageWait",
-    "outage_of",
-    "parse_outage",
-    "retry_outage",
-    "server_state",
-]
-
 OUTAGE_BUDGET_S: Final = 600.0
 """How long a run's lock server may stay unreachable before the run fails: far beyond a
 restart, short enough that a wrong ``dflock_servers`` is reported."""

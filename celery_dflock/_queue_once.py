@@ -59,16 +59,6 @@ from celery_dflock.client.errors import (
 )
 from celery_dflock.config import LockOptions, get_config
 
-__all__ = [
-    "REDELIVERED_WAIT_S",
-    "eager_duplicate",
-    "hand_off_hold",
-    "publish_hold",
-    "retry_hand_off",
-    "run_follower",
-    "take_over",
-]
-
 
 def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
     """An eager run of a ``lock_from="publish"`` task found its key held: it does not run."""

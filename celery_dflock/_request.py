@@ -28,34 +28,6 @@ from celery_dflock._settings import GivenOptions, read_call_options
 from celery_dflock.client.errors import DflockError
 from celery_dflock.config import LockOptions
 
-__all__ = [
-    "FOLLOW_HEADER",
-    "HOLD_HEADER",
-    "LOCK_OPTIONS_HEADER",
-    "LOCK_RETRIES_HEADER",
-    "NOTE_MAX_BYTES",
-    "OUTAGE_HEADER",
-    "Call",
-    "Follow",
-    "HoldRef",
-    "HolderNote",
-    "Message",
-    "backoff",
-    "beat_note",
-    "beat_pid",
-    "decode_note",
-    "encode_note",
-    "follow_of",
-    "header",
-    "held_lock",
-    "held_options",
-    "hold_of",
-    "mapping_of",
-    "mark_held",
-    "note_parts",
-    "resend",
-]
-
 LOCK_OPTIONS_HEADER: Final = "dflock_options"
 """Message header carrying per-call lock options (``apply_async(..., lock_timeout=5)``)."""
 LOCK_RETRIES_HEADER: Final = "dflock_lock_retries"

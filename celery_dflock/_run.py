@@ -71,8 +71,6 @@ from celery_dflock.client.errors import (
 )
 from celery_dflock.config import LockOptions, get_config
 
-__all__ = ["lock_lost", "lock_skipped", "locked_run", "retry_countdown"]
-
 lock_lost: Final[Any] = Signal(name="lock_lost")
 """A running task's lock was lost (renewal refused, or its server unreachable)."""
 lock_skipped: Final[Any] = Signal(name="lock_skipped")

@@ -40,20 +40,6 @@ from celery_dflock.client.clients import Client
 from celery_dflock.config import DflockConfig, LockOptions, get_config, resolve_options
 from celery_dflock.keys import KeyBuilder
 
-__all__ = [
-    "CHILD_EXIT_WAIT_S",
-    "AnyLock",
-    "HeldRecords",
-    "HeldWriter",
-    "Runtime",
-    "app_client",
-    "check_attributes",
-    "get_runtime",
-    "options_for",
-    "pid_gone",
-    "reset_runtime_after_fork",
-]
-
 # --------------------------------------------------------------------------- a task's plan
 
 

@@ -37,8 +37,6 @@ from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
 from celery_dflock.keys import KeyDerivationError, check_template
 
-__all__ = ["OUTAGES_COMMAND", "apply_task_locks", "install_hooks", "request_failed", "with_skip"]
-
 logger: Any = get_logger("celery_dflock.signals")
 
 _HOOKS_ATTR: Final = "_dflock_hooks"
