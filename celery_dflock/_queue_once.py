@@ -467,16 +467,14 @@ def run_follower(message: Message, follow: Follow) -> Any:
             f"state {holder.state}: {error!r}"
         )
     polls = message.retries
-    if _key_left(app, follow, encode_note(message.task_id, name=str(message.task.name))):
-        if header(request, _FOLLOW_GONE_HEADER):
-            raise DflockError(
-                f"{run} stands in for task {follow.task_id}, which no longer holds key "
-                f"{follow.key!r} and left no result (revoked, lost, its hold ran out before "
-                f"it ran, or it keeps none: ignore_result)"
-            )
-        extra: dict[str, object] = {_FOLLOW_GONE_HEADER: True}
-    else:
-        extra = {}
+    gone = _key_left(app, follow, encode_note(message.task_id, name=str(message.task.name)))
+    if gone and header(request, _FOLLOW_GONE_HEADER):
+        raise DflockError(
+            f"{run} stands in for task {follow.task_id}, which no longer holds key "
+            f"{follow.key!r} and left no result (revoked, lost, its hold ran out before "
+            f"it ran, or it keeps none: ignore_result)"
+        )
+    extra = {_FOLLOW_GONE_HEADER: True} if gone else {}
     countdown = backoff(0.25, polls, 5.0)
     logger.info(
         "dflock: %s stands in for task %s (key %r), not done yet; looking again in %.2fs",
