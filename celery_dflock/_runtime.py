@@ -186,8 +186,7 @@ def pid_gone(pid: int, timeout: float) -> bool:
 class HeldRecords:
     """The directory of files ``<pid>.held``, each a JSON list of ``{"task_id", "key",
     "token", "limit", "pid"}`` (space-padded, see `HeldWriter`). Only its child writes a file
-    while the child lives; the main process reads it, and edits it once the child is gone.
-    """
+    while the child lives; the main process reads it, and edits it once the child is gone."""
 
     directory: Path
     _edits: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
@@ -292,8 +291,7 @@ class HeldWriter:
 
     Every change rewrites the whole list with one ``pwrite`` at offset 0 on a file kept open,
     space-padded to the longest length written, so no rename is needed (the main process reads
-    it only once the child is gone): two small writes per locked run.
-    """
+    it only once the child is gone): two small writes per locked run."""
 
     def __init__(self, directory: Path) -> None:
         self.pid = os.getpid()
