@@ -305,15 +305,10 @@ class HeldWriter:
     def add(self, task_id: str, lock: AnyLock, limit: int | None) -> Callable[[], None] | None:
         """Record that this process holds ``lock`` for ``task_id``; what takes the record out
         again (idempotent), or None if it could not be written."""
-        entry = json.dumps(
-            {
-                "task_id": task_id,
-                "key": lock.key,
-                "token": lock.token,
-                "limit": limit,
-                "pid": self.pid,
-            }
-        )
+        entry = json.dumps({
+            "task_id": task_id, "key": lock.key, "token": lock.token, "limit": limit,
+            "pid": self.pid,
+        })  # fmt: skip
         with self._guard:
             self._next += 1
             handle = self._next

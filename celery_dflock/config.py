@@ -41,33 +41,17 @@ from celery_dflock._settings import (
 from celery_dflock.client.clients import Client, ClientSettings, Lease
 
 __all__ = [
-    "LOCK_OPTIONS",
-    "RENAMED_SETTINGS",
-    "RETRY_WAIT_S",
-    "SETTINGS",
-    "DflockConfig",
-    "DflockConfigError",
-    "GivenOptions",
-    "LockOptions",
-    "check_setting_names",
-    "get_config",
-    "option_table",
-    "read_settings",
-    "reset_config",
-    "resolve_options",
-    "setting_table",
-]
+    "LOCK_OPTIONS", "RENAMED_SETTINGS", "RETRY_WAIT_S", "SETTINGS", "DflockConfig",
+    "DflockConfigError", "GivenOptions", "LockOptions", "check_setting_names", "get_config",
+    "option_table", "read_settings", "reset_config", "resolve_options", "setting_table",
+]  # fmt: skip
 
 _CONFIG_ATTR: Final = "_dflock_config"
 _CLIENT_FIELDS: Final = {
-    "dflock_servers": "servers",
-    "dflock_auth_token": "auth_token",
-    "dflock_ssl": "ssl_context",
-    "dflock_connect_timeout": "connect_timeout_s",
-    "dflock_session_ttl": "session_ttl_s",
-    "dflock_renew_ratio": "renew_ratio",
-    "dflock_sharding_strategy": "sharding_strategy",
-}
+    "dflock_servers": "servers", "dflock_auth_token": "auth_token", "dflock_ssl": "ssl_context",
+    "dflock_connect_timeout": "connect_timeout_s", "dflock_session_ttl": "session_ttl_s",
+    "dflock_renew_ratio": "renew_ratio", "dflock_sharding_strategy": "sharding_strategy",
+}  # fmt: skip
 """App-wide setting -> the `ClientSettings` field it is read into."""
 
 
