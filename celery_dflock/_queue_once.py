@@ -46,26 +46,17 @@ from celery_dflock._request import (
 )
 from celery_dflock._runtime import AnyLock, app_client, get_runtime, options_for
 from celery_dflock._settings import GivenOptions
-from celery_dflock.client import DistributedLock
+from celery_dflock.client import DistributedLock, errors
 from celery_dflock.client.clients import Client, Hold, Lease
-from celery_dflock.client.errors import (
-    AlreadyQueued,
-    DflockError,
-    InvalidValueError,
-    KeyHeld,
-    LockNotAcquired,
-    ProtocolError,
-    ServerUnavailable,
-)
 from celery_dflock.config import LockOptions, get_config
 
 
-def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
+def eager_duplicate(label: str, key: str, lock: AnyLock) -> errors.AlreadyQueued:
     """An eager run of a ``lock_from="publish"`` task found its key held: it does not run."""
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
     by = f"task {holder}" if holder else "a holder that left no task id"
     follows = f"; AsyncResult({holder!r}) follows it" if holder else ""
-    return AlreadyQueued(
+    return errors.AlreadyQueued(
         f"{label} (an eager run) did not run: key {key!r} is held by {by} "
         f"(lock_from='publish': one run per key){follows}",
         task_id=holder,
@@ -152,7 +143,7 @@ class PublishHold:
             why = (
                 "it was gone (its connection to the lock server closed before the message was sent)"
             )
-        except DflockError as exc:
+        except errors.DflockError as exc:
             why = f"the lock server did not confirm it ({exc})"
         worker_logger.warning(
             "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
@@ -190,7 +181,7 @@ def publish_hold(
         return None
     key = runs.key_builder(task, options.key, task.run, config.key_prefix).key(*call)
     if (note := encode_note(task_id, name=name)) is None:
-        raise InvalidValueError(
+        raise errors.InvalidValueError(
             f"task {name}: task_id {task_id!r} is too long for lock_from='publish', whose "
             f"hold of key {key!r} names it in its owner note: at most {NOTE_MAX_BYTES - 1} "
             f"characters once percent-encoded; send the task with a shorter task_id"
@@ -200,27 +191,27 @@ def publish_hold(
     take = partial(runtime.client(config).hold, key, note=note, detached=False)
     try:
         hold, lease = _longest_granted(leases, take)
-    except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
+    except errors.ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
         what = (
             f"task {name}: the lock server {server_state(exc)} ({exc}), so key {key!r} "
             f"cannot be held from publish"
         )
         return _no_hold(task_id, key, options, what, in_canvas=in_canvas)
-    except ProtocolError as exc:
-        raise ProtocolError(
+    except errors.ProtocolError as exc:
+        raise errors.ProtocolError(
             f"task {name} was not sent: the lock server refused its hold of {key!r} for "
             f"{lease} s (lock_pending_ttl={options.pending_ttl}, or the message's countdown/"
             f"eta when longer); a lease above the server's --max-lease-ttl "
             f"(DFLOCKD_MAX_LEASE_TTL_S, default 300 s) is refused: lower lock_pending_ttl "
             f"(dflock_lock_pending_ttl) or raise the server's limit. The server said: {exc}"
         ) from exc
-    except InvalidValueError as exc:  # the lease is above the limit the server's hello told
-        raise InvalidValueError(
+    except errors.InvalidValueError as exc:  # the lease is above the limit the server's hello told
+        raise errors.InvalidValueError(
             f"task {name} was not sent: its hold of {key!r} would last {lease} s "
             f"(lock_pending_ttl={options.pending_ttl}, or the message's countdown/eta when "
             f"longer): {exc}"
         ) from exc
-    except KeyHeld as busy:
+    except errors.KeyHeld as busy:
         holder, host = decode_note(busy.holder)
         where = f" (running on {host})" if host else " (queued)"
         grace = _grace(runtime.client(config)) if holder is None else None
@@ -257,7 +248,7 @@ def publish_hold(
             )
         if in_canvas:
             return Follow(key, holder, error)
-        raise AlreadyQueued(error, task_id=holder, key=key) from busy
+        raise errors.AlreadyQueued(error, task_id=holder, key=key) from busy
     return PublishHold(hold, HoldRef(hold.key, hold.token).header(), lease)
 
 
@@ -294,7 +285,7 @@ def _no_hold(
     )
     if in_canvas:
         return Follow(key, None, error)
-    raise ServerUnavailable(error)
+    raise errors.ServerUnavailable(error)
 
 
 def retry_hand_off(
@@ -347,10 +338,10 @@ def hand_off_hold(
         handed, lease = _longest_granted(leases, lock.hand_off)
         if handed:
             return held
-    except InvalidValueError:  # above the server's longest lease: refused before it let go
+    except errors.InvalidValueError:  # above the server's longest lease: refused before it let go
         lock.release()
     else:  # lost meanwhile, or refused by the server (the grant stays bound): let it go
-        with suppress(DflockError):  # unreachable: it ends with its lease
+        with suppress(errors.DflockError):  # unreachable: it ends with its lease
             app_client(task._get_app()).release(held.key, held.token)
     logger.warning(
         "dflock: %s[%s] goes on in its next message (a retry's, or itself requeued by a Reject) "
@@ -424,7 +415,7 @@ def _longest_granted(leases: tuple[int, ...], ask: Callable[..., _Asked]) -> tup
     refusal is raised."""
     *longer, last = leases
     for lease in longer:
-        with suppress(InvalidValueError):
+        with suppress(errors.InvalidValueError):
             return ask(lease_ttl=lease), lease
     return ask(lease_ttl=last), last
 
@@ -440,7 +431,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
     result twice in a row."""
     run, request = message.label, message.request
     if follow.error is not None or follow.task_id is None:
-        raise AlreadyQueued(
+        raise errors.AlreadyQueued(
             f"{run} was sent in place of a duplicate: {follow.error}",
             task_id=follow.task_id,
             key=follow.key,
@@ -450,7 +441,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
     try:
         ready = bool(holder.ready())
     except NotImplementedError:
-        raise DflockError(
+        raise errors.DflockError(
             f"{run} stands in for task {follow.task_id}, which holds key {follow.key!r}, but "
             f"this app has no result backend to read its result from: configure "
             f"result_backend, or send canvas members of a lock_from='publish' task with "
@@ -462,14 +453,14 @@ def run_follower(message: Message, follow: Follow) -> Any:
         error: object = holder.result
         if isinstance(error, BaseException):
             raise error
-        raise DflockError(
+        raise errors.DflockError(
             f"{run} stands in for task {follow.task_id} (key {follow.key!r}), which ended in "
             f"state {holder.state}: {error!r}"
         )
     polls = message.retries
     gone = _key_left(app, follow, encode_note(message.task_id, name=str(message.task.name)))
     if gone and header(request, _FOLLOW_GONE_HEADER):
-        raise DflockError(
+        raise errors.DflockError(
             f"{run} stands in for task {follow.task_id}, which no longer holds key "
             f"{follow.key!r} and left no result (revoked, lost, its hold ran out before "
             f"it ran, or it keeps none: ignore_result)"
@@ -483,7 +474,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
         follow.key,
         countdown,
     )
-    busy = LockNotAcquired(f"{run}: task {follow.task_id} holding key {follow.key!r} runs")
+    busy = errors.LockNotAcquired(f"{run}: task {follow.task_id} holding key {follow.key!r} runs")
     raise resend(message, countdown=countdown, retries=polls + 1, busy=busy, extra=extra)
 
 
@@ -494,6 +485,6 @@ def _key_left(app: Any, follow: Follow, note: str | None) -> bool:
         if lock.acquire():
             lock.release()
             return True
-    except DflockError:
+    except errors.DflockError:
         return False  # unknown: look again later
     return note_parts(lock.holder).task_id != follow.task_id  # an older publisher's too

@@ -60,15 +60,7 @@ from celery_dflock._request import (
 )
 from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
 from celery_dflock._settings import OnLockLost
-from celery_dflock.client import Client, DistributedLock
-from celery_dflock.client.errors import (
-    DflockError,
-    LimitMismatchError,
-    LockLost,
-    LockNotAcquired,
-    LockSkipped,
-    ServerUnavailable,
-)
+from celery_dflock.client import Client, DistributedLock, errors
 from celery_dflock.config import LockOptions, get_config
 
 lock_lost: Final[Any] = Signal(name="lock_lost")
@@ -105,7 +97,7 @@ def locked_run(
         and (request.parent_id is not None or (request.root_id is None and len(task_stack) > 1))
     )
     if nested and options.on_locked == "retry" and options.limit in (None, 1) and _held_above(key):
-        raise LockNotAcquired(
+        raise errors.LockNotAcquired(
             f"{message.label}: lock {key!r} is held by the run that called it (directly or "
             "eagerly), which waits for it: it would wait for itself; give it another lock_key"
         )
@@ -149,9 +141,9 @@ def locked_run(
             )
             acquired = took_over or lock.acquire()
             break
-        except LimitMismatchError as exc:  # the key is busy with another lock_limit
+        except errors.LimitMismatchError as exc:  # the key is busy with another lock_limit
             return contended(message, key, options, time.monotonic() - started, mismatch=exc)
-        except ServerUnavailable as exc:  # down, restarting, draining: a busy key (_outage)
+        except errors.ServerUnavailable as exc:  # down, restarting, draining: a busy key (_outage)
             _autoretry(message, exc)  # the task's own autoretry_for names it: Celery's
             # In a worker, a short reconnect at most: its slot goes back.
             outage = outage or OutageWait.for_run(request, started, wait_s)
@@ -159,7 +151,7 @@ def locked_run(
                 raise retry_outage(message, key, options, outage, exc) from exc
             time.sleep(pause)  # once the server answers, the rest of its lock_timeout to wait
             left_s = max(0.0, started + wait_s - time.monotonic())
-        except DflockError as exc:  # the server refusing, a bad setting, ...
+        except errors.DflockError as exc:  # the server refusing, a bad setting, ...
             _autoretry(message, exc)
             raise
     if outage is not None or outage_of(request) is not None:
@@ -195,7 +187,7 @@ def locked_run(
     # The body may return before the loss reaches it (the release may be what finds it):
     # only "flag" lets such a run succeed.
     if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
-        lost = LockLost(
+        lost = errors.LockLost(
             f"{guard.label} lost its lock {key!r} (fence {fence}) while it ran; its body "
             f"returned before the loss could interrupt it, so the run fails "
             f"(on_lock_lost={options.on_lock_lost!r})"
@@ -247,7 +239,7 @@ def new_lock(
     )
 
 
-def _autoretry(message: Message, exc: DflockError) -> None:
+def _autoretry(message: Message, exc: errors.DflockError) -> None:
     """Give an error taking the lock the task's ``autoretry_for`` treatment (Celery's wraps
     only the body): ``self.retry`` with Celery's ``retry_*`` options, and the ``max_retries``
     an earlier ``self.retry(max_retries=...)`` left on the task (``override_max_retries``),
@@ -291,7 +283,7 @@ def contended(
     options: LockOptions,
     waited_s: float,
     *,
-    mismatch: LimitMismatchError | None = None,
+    mismatch: errors.LimitMismatchError | None = None,
     lock: AnyLock | None = None,
 ) -> Any:
     """The key is busy: held by other runs, or (``mismatch``) in use with another limit (the
@@ -319,10 +311,10 @@ def contended(
             kwargs=message.call[1],
             holder=holder,
         )
-        raise LockSkipped(
+        raise errors.LockSkipped(
             f"{run} was skipped: {why} (waited {waited_s:.1f}s; on_locked='skip')"
         ) from mismatch
-    busy = LockNotAcquired(
+    busy = errors.LockNotAcquired(
         f"{run}: {why} (waited {waited_s:.1f}s; on_locked={options.on_locked!r})"
     )
     busy.__cause__ = mismatch
@@ -331,7 +323,7 @@ def contended(
     done = message.retries
     limit = options.max_retries
     if limit is not None and done >= limit:
-        raise LockNotAcquired(
+        raise errors.LockNotAcquired(
             f"{run}: {why}, still so after {done} lock "
             f"retries (lock_max_retries={limit}), so the run is dropped; raise "
             f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
@@ -355,7 +347,7 @@ def contended(
 # --------------------------------------------------------------- the lost-lock guard (on_lock_lost)
 
 
-class _Interrupted(LockLost):
+class _Interrupted(errors.LockLost):
     """Raised asynchronously in the body's thread by ``on_lock_lost="interrupt"``."""
 
     def __init__(self, *args: object) -> None:
@@ -420,7 +412,7 @@ class RunGuard:
         body = current_body()
         with self._state:
             if self.interrupt_due:
-                raise LockLost(
+                raise errors.LockLost(
                     f"{self.label} lost its lock {self.key!r} (fence {lock.fence}) between "
                     f"its grant and its body, so the body was not started "
                     f"(on_lock_lost={self.policy!r})"
@@ -435,7 +427,7 @@ class RunGuard:
                     if self.interrupt_due:
                         body.cancel()  # not delivered yet: drop it
         except _Interrupted:
-            raise LockLost(
+            raise errors.LockLost(
                 f"{self.label} lost its lock {self.key!r} (fence {lock.fence}) "
                 f"while it ran, and was interrupted (on_lock_lost='interrupt')"
             ) from None
