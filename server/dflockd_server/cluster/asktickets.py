@@ -1,17 +1,12 @@
-"""Ask tickets: the exporting member's signed word that it lets one key go (pure, no I/O).
+"""Ask tickets (pure): the exporting member's signed word that it lets one key go.
 
-During a key-level move (a shard split from its current member A towards B) B may grant a key
-only when A will never grant or renew it while the split stands. A answers an acquire of a key
-it neither holds nor queues ``error_ask <B> <ticket>`` and never holds or queues that key again
-during this split. The ticket, ``<revision>.<expires>.<floor>.<mac>`` (lowercase hex):
-
-- ``revision``: the shard key's ``mod_revision`` as A read it; B admits the ticket only while
-  its own view shows the shard at exactly that revision (the same move).
-- ``expires``: A's wall-clock seconds after which B refuses it (``TICKET_LIFE_S``).
-- ``floor``: A's fencing counter when it answered; B raises its own above it before granting.
-- ``mac``: HMAC-SHA256 over the key, shard, A, B and the three numbers under the cluster's ask
-  secret (``<prefix>/asksecret`` in etcd), cut to 128 bits: a client can neither forge one nor
-  move it to another key, member or split. Clients only pass tickets along.
+During a key-level move (docs/protocol.md, *Key-level moves*: the ticket's fields, and when the
+split's node admits one) the shard's current member A answers an acquire of a key it neither
+holds nor queues ``error_ask <B> <ticket>`` and never holds or queues that key again during the
+split; B grants the key only against that ticket, so the two never grant it both. The MAC
+(HMAC-SHA256 under the cluster's ask secret, ``<prefix>/asksecret``, cut to 128 bits) covers the
+key, shard, A, B and the ticket's revision (the move), expiry and fence floor: a client can
+neither forge a ticket nor move it to another key, member or split; clients only pass it along.
 """
 
 from __future__ import annotations
@@ -23,9 +18,7 @@ from dataclasses import dataclass
 
 __all__ = ["TICKET_LIFE_S", "AskTickets", "AskedKey", "Ticket", "new_secret"]
 
-TICKET_LIFE_S = 60
-"""How long a ticket is admitted (wall clock, seconds); past a moment it only covers clocks
-that disagree."""
+TICKET_LIFE_S = 60  # wall-clock s; a ticket is used at once, the rest covers clocks apart
 
 _MAC_HEX = 32
 

@@ -26,13 +26,10 @@ class ClockSkew:
 
     def __init__(self, me: str) -> None:
         self.me = me
-        self.offset_s = 0.0
-        """The last offset seen (positive: this member's clock is ahead)."""
+        self.offset_s = 0.0  # the last offset seen (positive: this member's clock is ahead)
         self.issuer = ""
-        self.off = False
-        """The last ticket showed the clocks further apart than a ticket lives."""
-        self.stale_tickets = 0
-        """Genuine tickets that arrived expired by this member's clock."""
+        self.off = False  # the last ticket showed the clocks further apart than a ticket lives
+        self.stale_tickets = 0  # genuine tickets that arrived expired by this member's clock
 
     def seen(self, offset_s: float, issuer: str) -> None:
         self.offset_s, self.issuer = offset_s, issuer

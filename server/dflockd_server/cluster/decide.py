@@ -35,35 +35,26 @@ from dflockd_server.cluster.shardmap import SHARD_COUNT
 
 ERROR_UNAVAILABLE = p.REPLY_ERROR_UNAVAILABLE
 
-
 SHARD_STATES = ("serving", "moving_out", "taking_over", "failing_over", "other", "unavailable")
 """The ``state`` label of ``dflockd_cluster_shards`` (serving includes shards held back)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    verdicts: tuple[bytes | None, ...]
-    """Per shard: None (serve) or the reply to an acquire instead."""
-    serving: frozenset[int]
-    """Shards this member would serve (including those held back: not ``cleared``)."""
-    moving_out: Mapping[str, frozenset[int]]
-    """Destination (the split's node, else the target) -> the shards moving out to it."""
-    failover_due: tuple[int, ...]
-    """Shards whose dead current member's grants have surely run out: set current = self."""
-    failover_since: Mapping[int, float]
-    """When this member first saw each shard's current member gone (pass to the next call)."""
-    states: Mapping[str, int]
-    """Shards per ``SHARD_STATES``."""
-    holding: frozenset[int] = frozenset()
-    """Shards moving out (cleared): keys held or queued here are still served."""
+    verdicts: tuple[bytes | None, ...]  # per shard: None (serve) or the reply to an acquire
+    serving: frozenset[int]  # shards this member would serve (held back too: not cleared)
+    moving_out: Mapping[str, frozenset[int]]  # the split's node, else the target -> its shards
+    failover_due: tuple[int, ...]  # the dead current's grants surely ended: set current = self
+    failover_since: Mapping[int, float]  # when each current was first seen gone (pass it on)
+    states: Mapping[str, int]  # shards per SHARD_STATES
+    holding: frozenset[int] = frozenset()  # moving out (cleared): keys held or queued here served
     importing: frozenset[int] = frozenset()
     """Shards split to this member (cleared): it serves a key an ``asking`` acquire names, or
     one it holds or queues."""
     granting: frozenset[int] = frozenset()
     """Every shard on which this member may grant, cleared or not: the fencing counter must be
     raised above every published ceiling first."""
-    next_due: float = math.inf
-    """When the first awaited failover is due: until then an unchanged view decides the same."""
+    next_due: float = math.inf  # first failover due: till then an unchanged view decides the same
 
 
 FENCED = Decision(

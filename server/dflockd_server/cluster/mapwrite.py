@@ -1,14 +1,11 @@
-"""Writing shard assignments to etcd, each on condition that nobody changed it meanwhile.
+"""Shard assignments written to etcd, each only if nobody changed it since it was read.
 
-Every writer of the map reads a shard's value with its ``mod_revision`` and writes only if the
-key is still at that revision (``0``: still absent): a concurrent write makes the later writer
-fail for that shard instead of clobbering it.
-
-Writes go in transactions of at most ``MAX_TXN_OPS`` comparisons, one of which may be an extra
-condition (e.g. "still the leader"). A failed transaction reads, in its failure branch, the
-keys it compared: the shards changed meanwhile are reported as conflicted and the others are
-written again at once, so a view stale by thousands of shards costs one request per batch,
-not one per shard.
+Each write is conditioned on the shard key's ``mod_revision`` as read (``0``: still absent): a
+concurrent write makes the later writer fail for that shard instead of clobbering it. At most
+``MAX_TXN_OPS`` comparisons go in one transaction, the extra conditions (e.g. "still the
+leader") among them. A failed one reads the keys it compared in its failure branch: the shards
+changed meanwhile are reported conflicted and the others written again at once, so a view stale
+by thousands of shards costs one request per batch, not one per shard.
 """
 
 from __future__ import annotations
@@ -31,12 +28,9 @@ class ShardWrite:
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    written: Mapping[int, int]
-    """Shard -> the revision of its write (its new ``mod_revision``; a delete's revision)."""
-    conflicted: tuple[int, ...]
-    """Shards changed by someone else since they were read (read again, decide again)."""
-    condition_failed: bool = False
-    """The extra condition did not hold: nothing more was written."""
+    written: Mapping[int, int]  # shard -> its write's revision (new mod_revision; a delete's)
+    conflicted: tuple[int, ...]  # shards changed by another since read (read, decide again)
+    condition_failed: bool = False  # the extra condition did not hold: nothing more written
 
 
 def _op(key: str, assignment: ShardAssignment | None) -> Op:

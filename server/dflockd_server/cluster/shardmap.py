@@ -1,23 +1,19 @@
-"""The fixed-shard map of a lock cluster: pure data and decisions, no I/O.
+"""The fixed-shard map of a lock cluster: pure data and decisions, no I/O; maps are immutable
+(every change returns a new ``ShardMap``).
 
-Every lock key belongs to one of ``SHARD_COUNT`` shards (FNV-1a 32-bit of the key's UTF-8
-bytes, modulo ``SHARD_COUNT``), and every shard has an assignment: the node that should serve
-it (*target*), the node that serves it now (*current*, empty while nobody does) and flags.
+Every lock key belongs to one of ``SHARD_COUNT`` shards (``shard_id``), and every shard has an
+assignment: the node that should serve it (*target*), the node that serves it now (*current*,
+empty while nobody does) and flags. How the map changes: docs/deployment.md, *A cluster*.
 
-- ``ShardMap.initial``: nodes sorted, shard ``s`` to ``sorted[s % n]``, current = target.
-- ``ShardMap.updated``: existing assignments stay; only shards whose target is not live (or
-  that have none) get a new target, least-loaded live node first. A new node gets nothing
-  until a rebalance. The current node is kept, so whoever takes over a dead member's shard
-  knows to wait until its grants can no longer be held.
-- ``ShardMap.rebalance_plan``: the fewest moves that leave live nodes at most one shard apart.
-- Pinned shards (flag ``pinned``, an operator's decision) are never moved automatically, even
-  when their target is gone: they stay unavailable until it returns or they are unpinned
-  (``unavailable_pinned``).
-- A shard *released* (flag ``released``, current empty) by a member leaving gracefully with no
-  holder on it, after publishing its fence ceiling: its target may serve it at once. An empty
-  current *without* the flag means "unknown": its target waits as after a failover.
-
-All maps are immutable: every change returns a new ``ShardMap``.
+- ``ShardMap.updated`` retargets only the shards whose target is not live (or that have none)
+  and keeps their current node, so whoever takes over a dead member's shard knows to wait until
+  its grants can no longer be held. A new node gets nothing until a rebalance.
+- Pinned shards (flag ``pinned``, an operator's decision) never move automatically, even when
+  their target is gone: they stay unavailable until it returns or they are unpinned.
+- A shard *released* (flag ``released``, current empty) was let go by a member leaving
+  gracefully, with no holder on it, after publishing its fence ceiling: its target may serve it
+  at once. An empty current *without* the flag means "unknown": its target waits as after a
+  failover.
 """
 
 from __future__ import annotations
@@ -27,12 +23,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-SHARD_COUNT = 8192
-"""The fixed number of shards (goverse's ``NumShards``)."""
-
-FLAG_PREFIX = "f="
-"""A part of a shard value that starts with this is a flag, wherever it stands."""
-
+SHARD_COUNT = 8192  # the fixed number of shards (goverse's NumShards)
+FLAG_PREFIX = "f="  # a part of a shard value that starts with this is a flag, wherever it stands
 PINNED = "pinned"
 RELEASED = "released"
 
@@ -142,8 +134,7 @@ class Move:
     """A change of a shard's target (its current node changes later, at handover)."""
 
     shard: int
-    from_node: str
-    """The target before the move ("" for a shard that had no assignment)."""
+    from_node: str  # the target before the move ("" for a shard that had no assignment)
     to_node: str
 
 
@@ -222,7 +213,7 @@ class ShardMap:
         return sorted(s for s, a in self._shards.items() if a.pinned)
 
     def unavailable_pinned(self, live_nodes: Iterable[str]) -> list[int]:
-        """Pinned shards whose target is not live (kept there: see the module's docstring)."""
+        """Pinned shards whose target is not live (they stay unavailable: never moved)."""
         live = frozenset(live_nodes)
         return sorted(s for s, a in self._shards.items() if a.pinned and a.target not in live)
 
