@@ -1,10 +1,8 @@
-"""How a cluster member moves shards (``Handover``): hands them over, takes them after a
-failover, releases them when it leaves. ``ClusterNode`` decides when; every write is
-conditioned on the shard's revision and on this member's lease (``mapwrite``).
-
-Handover, key by key (``decide``): the member publishes its fence ceiling before writing
-``split=<target>`` and again before setting current = the split's node. A split towards a gone
-member is dropped after that member's longest lease (``unsplit``).
+"""How a cluster member moves shards (``Handover``) when ``ClusterNode`` says: hands them over
+(key by key: ``decide``), takes them after a failover, releases them when it leaves. Every
+write is conditioned on the shard's revision and on this member's lease (``mapwrite``); the
+fence ceiling is published before writing ``split=<target>`` and again before setting current
+to the split's node.
 
 The failover bound. A member that dies or loses etcd grants and renews nothing after its last
 successful keep-alive's sending time + its lease TTL, no later than etcd expires its lease,
@@ -38,8 +36,7 @@ log = logging.getLogger("dflockd_server")
 
 __all__ = ["RELEASE_ATTEMPTS", "Handover"]
 
-RELEASE_ATTEMPTS = 3
-"""A graceful leave's release attempts (a write may conflict with the leader's)."""
+RELEASE_ATTEMPTS = 3  # a graceful leave's release attempts (a write may conflict with the leader's)
 
 
 class Handover:
@@ -68,12 +65,9 @@ class Handover:
 
     def forget(self) -> None:
         self._written_from: dict[int, int] = {}
-        self._split_gone_since: dict[int, float] = {}
-        """Shards split towards a node that is not live: since when."""
-        self._split_waits: dict[str, float] = {}
-        """Nodes not live that shards are split towards: the wait for each."""
-        self._waits: dict[str, float] = {}
-        """Gone members whose shards this one waits to take: the wait for each."""
+        self._split_gone_since: dict[int, float] = {}  # split towards a node not live: since when
+        self._split_waits: dict[str, float] = {}  # each such node -> the wait for it
+        self._waits: dict[str, float] = {}  # gone members whose shards it waits to take -> the wait
 
     def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float]:
         """Per gone member whose shards this one waits to take: its published longest lease

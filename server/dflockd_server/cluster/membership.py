@@ -1,36 +1,32 @@
 """Cluster membership on etcd: registration under a lease, leader election, the shared map.
 
-A ``Member`` (one per server process) does, under ``<prefix>``:
+A ``Member`` (one per server process), under ``<prefix>``:
 
-- registers ``<prefix>/members/<advertise>`` under an etcd lease that a thread keeps alive, so
-  a member whose process or host dies disappears when its lease runs out; in the same
-  transaction it puts ``<prefix>/registered/<advertise>`` (no lease: it outlives the member),
-  whose ``mod_revision`` tells an heir whether the member registered again after the heir saw
-  it gone (``cluster.handover``: a life the heir's view missed);
-- takes part in the election: the leader is whoever holds ``<prefix>/leader``, created only if
-  absent and under the member's lease (it goes with its holder; the others then try again);
-- as the leader, writes the map, one key per shard (``<prefix>/shard/<id>`` = the seed's value
-  format), in transactions of at most ``MAX_TXN_OPS`` keys, each on condition that
-  ``<prefix>/leader`` is still held under its own lease (a deposed leader writes nothing) and
-  that each shard is as read (``mapwrite``: a concurrent write is never clobbered; the leader
-  reads it and decides again). With no map yet it waits until membership has been still for
-  ``settle_s`` and writes ``ShardMap.initial``; afterwards each membership change applies
-  ``ShardMap.updated`` (only gone members' shards move), and once membership has been still
-  for ``auto_rebalance_s`` with no shard moving, ``ShardMap.rebalance_plan`` (pinned shards
-  stay): a restarted or new member gets its share back without an operator's command;
-- watches the whole prefix and keeps a local copy of members, leader and map (``snapshot``);
-- checks that watch every ``lease_ttl`` against one small read of the prefix (how many keys it
-  holds, whether one was put after the last revision the watch brought: ``EtcdClient.stat``).
-  A watch that owes changes at two checks in a row, bringing nothing between, is stalled (open
-  and silent, never ending by itself: a connection cut off without FIN or RST, a proxy that
-  stopped forwarding, an etcd member cut off from its cluster): the member reads the prefix
-  again and watches anew, as when a watch ends. An idle watch (the read agrees) is left alone.
+- registers ``<prefix>/members/<advertise>`` under an etcd lease a thread keeps alive (a dead
+  process's key goes with its lease) and, in the same transaction, puts
+  ``<prefix>/registered/<advertise>`` with no lease: its ``mod_revision`` tells an heir whether
+  the member registered again after the heir saw it gone (``cluster.handover``: a life the
+  heir's view missed);
+- takes part in the election: the leader holds ``<prefix>/leader``, created only if absent and
+  under its lease (it goes with its holder; the others then try again);
+- as the leader, writes the map (``<prefix>/shard/<id>``, the seed's value format), each write
+  conditioned on ``<prefix>/leader`` still held under its lease (a deposed leader writes
+  nothing) and on the shard as read (``mapwrite``: a concurrent write is never clobbered). With
+  no map yet it waits until membership has been still for ``settle_s`` and writes
+  ``ShardMap.initial``; then each membership change applies ``ShardMap.updated``, and once
+  membership has been still for ``auto_rebalance_s`` with no shard moving,
+  ``ShardMap.rebalance_plan`` (docs/deployment.md, *A cluster*);
+- watches the whole prefix into a local copy of members, leader and map (``snapshot``), and
+  checks that watch every ``lease_ttl`` with one small read (``EtcdClient.stat``: the prefix's
+  key count, whether a key was put after the watch's last revision). A watch that owes changes
+  at two checks in a row, bringing nothing between, is stalled (open and silent: a connection
+  cut off without FIN or RST, a proxy that stopped forwarding, an etcd member cut off from its
+  cluster): the member reads the prefix again and watches anew, as when a watch ends.
 
-The keep-alive measures the lease's life from when the last successful keep-alive was *sent*
-(etcd renews it on receipt, so it lives at least that long): ``lease_valid_until`` and
-``on_lease`` tell the cluster node until when this member may act as one (``cluster.node``,
-``cluster.handover`` build on it). Threads: the keep-alive, the member's loop (election, map
-upkeep) and the watch.
+The lease's life is measured from when the last successful keep-alive was *sent* (etcd renews
+it on receipt, so it lives at least that long): ``lease_valid_until`` and ``on_lease`` tell the
+cluster node until when this member may act as one. Threads: the keep-alive, the member's loop
+(election, map upkeep) and the watch.
 """
 
 from __future__ import annotations
@@ -55,17 +51,10 @@ from dflockd_server.cluster.etcd import (
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 
-REGISTER_MARGIN_S = 1.0
-"""Beyond a lease TTL, how long a member key may outlive its dead process's last keep-alive."""
-
-KEEPALIVE_RETRY_S = 0.1
-"""After a keep-alive that no etcd endpoint answered, the next attempt comes this soon."""
-
-REGISTER_RETRY_S = 0.2
-"""Between attempts to register while another lease holds the member's key."""
-
-STEP_FAILURE_LOG_S = 30.0
-"""While etcd keeps failing the member's steps, a warning this often (the first at once)."""
+REGISTER_MARGIN_S = 1.0  # a dead member's key may outlast its last keep-alive by lease TTL + this
+KEEPALIVE_RETRY_S = 0.1  # the next attempt after a keep-alive no etcd endpoint answered
+REGISTER_RETRY_S = 0.2  # between attempts to register while another lease holds the key
+STEP_FAILURE_LOG_S = 30.0  # a warning this often while etcd fails the member's steps (one at once)
 
 log = logging.getLogger("dflockd_server")
 
@@ -113,9 +102,7 @@ class ClusterView:
     shard_map: ShardMap
     revisions: Mapping[int, int] = field(default_factory=dict[int, int])
     """Each shard key's ``mod_revision`` as read (for writes conditioned on it)."""
-    revision: int = 0
-    """The etcd revision up to which this view holds the prefix (every change at or before it
-    is in it)."""
+    revision: int = 0  # every change of the prefix up to this etcd revision is in the view
 
 
 class EtcdCopy:
@@ -128,12 +115,10 @@ class EtcdCopy:
         self.members: set[str] = set()
         self.leader: str | None = None
         self.shards: dict[int, ShardAssignment] = {}
-        self._map: ShardMap | None = None
-        """`shards` as a `ShardMap`, made on the first read after a change (read every step)."""
+        self._map: ShardMap | None = None  # `shards` as a map, made at the first read after changes
         self.revisions: dict[int, int] = {}
         self.members_changed_at = clock()
-        self.seen_revision = 0
-        """The revision up to which the copy holds etcd's prefix (read, then watched)."""
+        self.seen_revision = 0  # up to this revision the copy holds the prefix (read, then watched)
 
     def load(self, read: RangeResult) -> None:
         """The copy as of a read of the whole prefix."""
@@ -220,39 +205,32 @@ class Member:
         self.lease_ttl = lease_ttl
         self.settle_s = settle_s
         self.auto_rebalance_s = auto_rebalance_s
-        """How long membership must be still before the leader rebalances by itself (None:
-        never; ``dflockd rebalance`` does)."""
+        """The leader rebalances once membership is still this long (None: only by command)."""
         self._on_lease = on_lease
         self._on_update = on_update
         self.lease_id = 0
         self.lease_valid_until = 0.0
-        """``clock()`` time until which the lease surely lives (last successful keep-alive's
-        sending time + ``lease_ttl``)."""
-        self.lost: str | None = None
-        """Why this member stopped taking part (its lease is gone), or None."""
+        """``clock()`` time the lease surely lives until: last answered keep-alive's send + TTL."""
+        self.lost: str | None = None  # why this member stopped taking part (its lease is gone)
         self._lock = threading.Lock()
-        self._key_count = 0
-        """How many keys the prefix holds as of ``_seen_revision``."""
+        self._key_count = 0  # how many keys the prefix holds as of copy.seen_revision
         self._next_watch_check = 0.0
         self._behind_at: int | None = None
-        """``_seen_revision`` at the last check if etcd had changes the watch had not brought."""
-        self.step_failures = 0
-        """Steps of the member's loop that etcd failed (each tried again at the next wake-up)."""
+        """``copy.seen_revision`` at the last check, if the watch owed changes etcd had then."""
+        self.step_failures = 0  # steps of the loop etcd failed (each tried again at the next wake)
         self._failing_since: float | None = None
         self._next_failure_log = 0.0
         self._wake = threading.Event()
         self._next_wake_at: float | None = None
-        """When the loop's thread should step at the latest (``_wake_later``), if sooner than
-        its ``step_interval``."""
+        """When the loop must step at the latest (``_wake_later``), if before ``step_interval``."""
         self._stopping = threading.Event()
         self._watch: Watch | None = None
         self._threads: list[threading.Thread] = []
 
     def start(self) -> Member:
         self._register()
-        # The lease is kept alive from now on: the read of the prefix (the whole map) may take
-        # longer than the lease on a loaded host, and a lease gone before its first keep-alive
-        # takes the member key with it (nobody would see this member join).
+        # Kept alive from now on: reading the whole prefix may outlast the lease on a loaded host,
+        # and a lease gone before its first keep-alive takes the member key (and the join) along.
         self._start_thread(self._keep_alive, "keep-alive")
         try:
             self._resync()

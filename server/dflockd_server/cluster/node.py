@@ -15,11 +15,10 @@ or the lease, and every ``NODE_TICK_S``:
    (``handover``);
 4. takes the shards of a gone member after the failover wait (at once when released).
 
-Self-fencing: the etcd lease surely lives until the last successful keep-alive's sending time
-plus its TTL (``Member.lease_valid_until``). From then on, or once its own member key vanishes,
-the node refuses every acquire, calls ``NodeHost.renewals_allowed(False)`` and joins again
-with a new lease. The snapshot reads that deadline live, so even a paused process grants
-nothing late.
+Self-fencing: from ``Member.lease_valid_until`` on (the last answered keep-alive's send time +
+the TTL: the lease surely lives until then), or once its own member key vanishes, the node
+refuses every acquire, calls ``NodeHost.renewals_allowed(False)`` and joins again with a new
+lease. The snapshot reads that deadline live, so even a paused process grants nothing late.
 """
 
 from __future__ import annotations
@@ -48,17 +47,10 @@ log = logging.getLogger("dflockd_server")
 
 __all__ = ["ClusterNode", "ClusterStats", "NodeHost"]
 
-NODE_TICK_S = 0.1
-"""How often the node looks again without news."""
-
-FAILOVER_MARGIN_S = 1.0
-"""Added to the longest lock lease before a failover: clock rates, a tick, etcd's delays."""
-
-NODE_QUIET_S = 0.02
-"""News is decided once it has been quiet this long (a map being written is a burst of news)..."""
-
-NODE_MAX_DEFER_S = 0.25
-"""...or once it has been deferred this long."""
+NODE_TICK_S = 0.1  # how often the node looks again without news
+FAILOVER_MARGIN_S = 1.0  # added to the longest lease at failover: clock rates, a tick, etcd delays
+NODE_QUIET_S = 0.02  # news is decided once quiet this long (a map being written is a burst)...
+NODE_MAX_DEFER_S = 0.25  # ...or once deferred this long
 
 
 def boottime() -> float:
@@ -84,9 +76,7 @@ def load_ask_tickets(client: EtcdClient, prefix: str) -> AskTickets:
     return AskTickets(kv.value.strip())
 
 
-AUTO_REBALANCE_S = 10.0
-"""How long membership must be still before the leader evens the members out by itself."""
-
+AUTO_REBALANCE_S = 10.0  # the leader evens the members out once membership is still this long
 REJOIN_RETRY_S = 0.5
 
 
@@ -94,22 +84,16 @@ REJOIN_RETRY_S = 0.5
 class ClusterStats:
     """What the metrics report about a cluster member (``ClusterNode.stats``)."""
 
-    shards: Mapping[str, int]
-    """Shards per state (``decide.SHARD_STATES``), adding up to ``SHARD_COUNT``."""
+    shards: Mapping[str, int]  # shards per state (decide.SHARD_STATES), adding up to SHARD_COUNT
     fenced: bool
     leader: bool
-    handovers: int
-    """Shards handed over (to their target, or released on a graceful leave)."""
-    failovers: int
-    """Shards taken after waiting out a gone member's longest lease."""
-    released_takeovers: int
-    """Shards taken at once because their member had released them."""
+    handovers: int  # shards handed over (to their target, or released on a graceful leave)
+    failovers: int  # shards taken after waiting out a gone member's longest lease
+    released_takeovers: int  # shards taken at once because their member had released them
     etcd_switches: int = 0
-    etcd_step_failures: int = 0
-    """Steps of the member's loop that etcd failed, over all its lives (``step_failures``)."""
+    etcd_step_failures: int = 0  # the member loop's steps etcd failed, over all its lives
     fenced_reason: str | None = None
-    clock_offset_s: float = 0.0
-    """``ClockSkew.offset_s``; ``clock_off``, ``clock_peer``, ``stale_tickets`` likewise."""
+    clock_offset_s: float = 0.0  # ClockSkew.offset_s; clock_off, clock_peer, stale_tickets alike
     clock_off: bool = False
     clock_peer: str = ""
     stale_tickets: int = 0
@@ -147,18 +131,15 @@ class ClusterNode:
         self._clock = clock
         self._wall = wall
         self._fence = fence
-        self.member: Member | None = None
-        """The current member (a new one at each join), None until the first."""
-        self._step_failures_before = 0
-        """``step_failures`` of this node's members before the current one."""
+        self.member: Member | None = None  # the current member (a new one at each join)
+        self._step_failures_before = 0  # step_failures of this node's earlier members
         # The server grants nothing until the first decision:
         self._hand(self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap())))
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         # Owned by the node's thread (and ``_forget``'s):
-        self._floor_wanted = 0
-        """A ticket's counter the loop could not raise to at once (the node's thread does)."""
+        self._floor_wanted = 0  # a ticket's counter the loop could not raise to (the thread will)
         self._tickets: AskTickets | None = None
         self._current: frozenset[int] = frozenset()
         self._renewals: bool | None = None
@@ -185,8 +166,7 @@ class ClusterNode:
         self._raised: dict[int, tuple[str, str]] = {}
         """Shard -> the (current, split) under which this member last raised its fence for it."""
         self._seen_updates = -1
-        self._rest_until = 0.0
-        """Until when, with no news, a step decides nothing new (0 while shards move out)."""
+        self._rest_until = 0.0  # no news: no new decision until then (0 while shards move out)
         self._handover.forget()
 
     def _hand(self, ownership: ClusterOwnership) -> None:

@@ -120,8 +120,7 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     return RebalanceResult(plan, sorted(result.written), sorted(result.conflicted))
 
 
-CHANGE_ATTEMPTS = 3
-"""Read-and-write attempts of a pin or unpin (members write a shard's record as it moves)."""
+CHANGE_ATTEMPTS = 3  # a pin's or unpin's read-and-write tries (members write shards as they move)
 
 
 def _change_one(

@@ -9,8 +9,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-MAX_TXN_OPS = 128
-"""etcd's default limit of operations in one transaction (``--max-txn-ops``)."""
+MAX_TXN_OPS = 128  # etcd's default limit of operations in one transaction (--max-txn-ops)
 
 
 def as_dict(value: Any) -> dict[str, Any] | None:
@@ -66,9 +65,7 @@ class KeyValue:
 @dataclass(frozen=True, slots=True)
 class RangeResult:
     kvs: list[KeyValue]
-    revision: int
-    """The store's revision when the range was read (watching from ``revision + 1`` misses
-    nothing)."""
+    revision: int  # the store's revision at the read (a watch from revision + 1 misses nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +73,7 @@ class RangeStat:
     """What one read of a range says without its keys' values (``EtcdClient.stat``)."""
 
     count: int
-    modified: bool
-    """Some key of the range was put after the revision asked about."""
+    modified: bool  # some key of the range was put after the revision asked about
     revision: int
 
 
@@ -166,8 +162,7 @@ class TxnResult:
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
     type: Literal["put", "delete"]
-    kv: KeyValue
-    """For a delete: the key and the deletion's revision (``mod_revision``), value empty."""
+    kv: KeyValue  # for a delete: the key and the deletion's revision (mod_revision), no value
 
 
 def error_detail(error: Any) -> tuple[str, int]:

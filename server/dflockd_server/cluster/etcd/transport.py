@@ -2,20 +2,20 @@
 authentication, over HTTP/1.1 with the standard library only. Every call opens its own
 connection, so one client may be used from several threads.
 
-Fail-over: a call goes to the endpoint that answered last; when it cannot be reached, does not
-answer within ``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429), the call tries
-the next one until ``timeout`` has passed, each round over the endpoints waiting twice as long
-and starting one endpoint further on (a paused etcd leader is not the first waited for again).
+Fail-over (docs/deployment.md, *etcd's own failures*): a call goes to the endpoint that answered
+last; one that cannot be reached, does not answer within ``attempt_timeout`` or cannot serve now
+(HTTP 5xx or 429) leaves the call to the next, until ``timeout``; each round over the endpoints
+waits twice as long and starts one endpoint further on (a paused etcd leader is not the first
+waited for again).
 
-When is a request sent again? One that failed before it was sent goes to the next endpoint
-whatever it is. One sent without an answer may still be applied, even later, so it is sent
-again only when that is safe: reads, lease grant, keep-alive and revoke, and transactions
-(every transaction here is conditioned, so a second application fails its comparison: such a
-retry may report ``succeeded=False`` for a write the first attempt made, and its callers read
-again where that matters). A plain ``put`` or ``delete`` is not (its outcome is unknown).
+A request that failed before it was sent goes to the next endpoint whatever it is. One sent
+without an answer may still be applied, even later, so it is sent again only when that is safe:
+reads, lease grant, keep-alive and revoke, and transactions (all conditioned here, so a second
+application fails its comparison: such a retry may report ``succeeded=False`` for a write the
+first attempt made, and its callers read again where that matters); not a plain put or delete.
 
-Authentication: a token from ``/v3/auth/authenticate`` per endpoint (etcd's "simple" tokens
-are known only to their issuer), sent again with a new token when etcd says it is invalid or
+Authentication: a token from ``/v3/auth/authenticate`` per endpoint (etcd's "simple" tokens are
+known only to their issuer), sent again with a new token when etcd says it is invalid or
 outdated. A wrong user or password raises ``EtcdAuthError``.
 """
 
@@ -119,21 +119,16 @@ class EtcdTransport:
         tls, endpoints = parse_etcd_url(url)
         self.endpoints = endpoints
         self.url = f"{'https' if tls else 'http'}://{','.join(map(str, endpoints))}"
-        self.timeout = timeout
-        """The longest one call may take, every attempt included."""
+        self.timeout = timeout  # the longest one call may take, every attempt included
         if attempt_timeout is None:
             attempt_timeout = timeout if len(endpoints) == 1 else max(timeout / 5, 0.5)
-        self.attempt_timeout = attempt_timeout
-        """The longest one endpoint is waited for before the next is tried."""
+        self.attempt_timeout = attempt_timeout  # the longest wait for one endpoint before the next
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self._credentials = None if user is None or password is None else (user, password)
         self._lock = threading.Lock()
-        self.preferred = 0
-        """The index of the endpoint that answered last (calls go there first)."""
-        self._tokens: dict[int, str | None] = {}
-        """Endpoint index -> its token (None: etcd said authentication is off)."""
-        self.switches = 0
-        """Calls answered by another endpoint than the one that answered before."""
+        self.preferred = 0  # the index of the endpoint that answered last (calls go there first)
+        self._tokens: dict[int, str | None] = {}  # endpoint index -> its token (None: auth is off)
+        self.switches = 0  # calls answered by another endpoint than the one that answered before
 
     def where(self, index: int) -> str:
         return f"{'https' if self._ssl is not None else 'http'}://{self.endpoints[index]}"

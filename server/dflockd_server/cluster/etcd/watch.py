@@ -41,8 +41,7 @@ class Watch:
     ) -> None:
         self._client = client
         self._key = key
-        self.endpoint = endpoint
-        """The index of the etcd endpoint this watch reads (``EtcdTransport.endpoints``)."""
+        self.endpoint = endpoint  # the index of the etcd endpoint it reads (transport.endpoints)
         self._connect_timeout = client.attempt_timeout
         self._where = client.where(endpoint)
         self._prefix = prefix
