@@ -161,8 +161,7 @@ class ClusterNode:
         """What the node's thread learnt from the views it saw (forgotten once fenced)."""
         self._failover_since: dict[int, float] = {}
         self._gone_at: dict[str, int] = {}
-        """Each member the map names that is not live -> the revision of the first view
-        showing it so (``Handover.take_over``)."""
+        """Each member the map names, not live -> the revision of the first view showing it so."""
         self._raised: dict[int, tuple[str, str]] = {}
         """Shard -> the (current, split) under which this member last raised its fence for it."""
         self._seen_updates = -1
