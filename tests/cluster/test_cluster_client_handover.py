@@ -20,10 +20,10 @@ import pytest
 from celery_dflock.client import AsyncDistributedLock, DistributedLock
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
 from tests.support.fleet import Fleet
+from tests.support.shards import pin
 from tests.support.waiting import wait_until
 
 WAIT_S = 60.0

@@ -20,7 +20,7 @@ from celery_dflock.client.clients import Client
 from dflockd_server import Config, protocol as p
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.membership import ClusterView, read_view
-from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
+from dflockd_server.cluster.ops import ClusterOpError, rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.config import ConfigError
@@ -31,6 +31,7 @@ from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.fleet import cluster_url
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
+from tests.support.shards import pin, unpin
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
 

@@ -20,12 +20,13 @@ import pytest
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.clients import Client
 from dflockd_server.cluster.etcd import EtcdError
-from dflockd_server.cluster.ops import ClusterOpError, pin, unpin
+from dflockd_server.cluster.ops import ClusterOpError
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdServer
 from tests.support.fleet import Fleet, Member, cluster_url
 from tests.support.processes import paused
 from tests.support.proxy import FaultProxy
+from tests.support.shards import pin, unpin
 from tests.support.waiting import wait_until
 
 WAIT_S = 60.0

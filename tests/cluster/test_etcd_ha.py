@@ -25,13 +25,13 @@ import pytest
 
 from dflockd_server import constants
 from dflockd_server.cluster.etcd import EtcdClient, EtcdError, prefix_end
-from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.certificates import key_of, make_certificate
 from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip, lease_time_to_live
 from tests.support.fleet import Fleet, Member
 from tests.support.ports import free_port
 from tests.support.servers import rebalance, run_dflockd
+from tests.support.shards import pin
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, held_keys, shards
 

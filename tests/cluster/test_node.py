@@ -23,13 +23,14 @@ from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
 from dflockd_server.cluster.handover import Handover
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, Member, read_view
 from dflockd_server.cluster.node import ClusterNode
-from dflockd_server.cluster.ops import pin, rebalance, unpin
+from dflockd_server.cluster.ops import rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
 from dflockd_server.protocol import reply_ask, reply_moved
 from tests.support.etcd import EtcdServer, delete, etcd_or_skip, find_etcd, put
+from tests.support.shards import pin, unpin
 from tests.support.waiting import wait_until
 
 from .test_membership import WAIT_S

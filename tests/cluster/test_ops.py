@@ -18,18 +18,13 @@ from dflockd_server.cluster.fencestore import (
 )
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, read_view
-from dflockd_server.cluster.ops import (
-    ClusterOpError,
-    cluster_command,
-    pin,
-    rebalance,
-    unpin,
-)
+from dflockd_server.cluster.ops import ClusterOpError, cluster_command, rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.tokens import FenceCounter
 from tests.support.etcd import EtcdServer, put
 from tests.support.servers import run_dflockd
+from tests.support.shards import pin, unpin
 
 
 def test_fence_ceilings_survive_in_etcd_and_never_go_down(

@@ -123,9 +123,10 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
 CHANGE_ATTEMPTS = 3  # a pin's or unpin's read-and-write tries (members write shards as they move)
 
 
-def _change_one(
-    client: EtcdClient, prefix: str, shard: int, change: str, node: str | None
+def change_shard(
+    client: EtcdClient, prefix: str, shard: int, change: str, node: str | None = None
 ) -> ShardAssignment:
+    """``dflockd pin`` (``change`` "pin", to ``node`` or where it is) or ``unpin``."""
     if not 0 <= shard < SHARD_COUNT:
         raise ClusterOpError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
     for _ in range(CHANGE_ATTEMPTS):
@@ -150,14 +151,6 @@ def _change_one(
     raise ClusterOpError(
         f"shard {shard} changed while being written, {CHANGE_ATTEMPTS} times: try again"
     )
-
-
-def pin(client: EtcdClient, prefix: str, shard: int, node: str | None = None) -> ShardAssignment:
-    return _change_one(client, prefix, shard, "pin", node)
-
-
-def unpin(client: EtcdClient, prefix: str, shard: int) -> ShardAssignment:
-    return _change_one(client, prefix, shard, "unpin", None)
 
 
 def summary(view: ClusterView) -> list[str]:
@@ -266,7 +259,7 @@ def cluster_command(
                 return 1
         elif args.command in ("pin", "unpin"):
             node = args.node if args.command == "pin" else None
-            new = _change_one(client, prefix, args.shard, args.command, node)
+            new = change_shard(client, prefix, args.shard, args.command, node)
             print(f"shard {args.shard}: {new.format()}", file=out)
         else:
             for line in summary(_found(client, prefix)):
