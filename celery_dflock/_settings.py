@@ -455,8 +455,7 @@ def looks_like_lock_option(name: str) -> bool:
     return celery == close[0] or difflib.SequenceMatcher(None, lowered, celery).ratio() < _MISSPELT
 
 
-_MISSPELT: Final = 0.8
-"""How alike (difflib's ratio) a name and a lock option are when the name is taken for a slip."""
+_MISSPELT: Final = 0.8  # difflib's ratio from which a name is taken for a lock option's slip
 
 
 def check_option_names(names: Iterable[str], where: str) -> None:
@@ -531,9 +530,7 @@ BEAT_SETTING_SPECS: Final = (
 """The singleton beat's settings (read by `celery_dflock.beat.BeatSettings`)."""
 
 APP_SETTINGS: Final = tuple(spec.name for spec in APP_SETTING_SPECS)
-"""App-wide settings that are not a lock option's default (see `SETTINGS` for those)."""
 BEAT_SETTINGS: Final = tuple(spec.name for spec in BEAT_SETTING_SPECS)
-"""The singleton beat's settings (read by :mod:`celery_dflock.beat`)."""
 RENAMED_SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
     {
         "dflock_default_timeout": "dflock_lock_timeout",

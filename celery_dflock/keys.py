@@ -42,9 +42,7 @@ DIGEST_SEPARATOR: Final = "#"
 """Joins a readable prefix and the digest of the original key."""
 _DIGEST_BYTES: Final = 16
 _CANONICAL: Final = JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-"""Canonical JSON of a default key's arguments (kombu's encoder: UUIDs, dates, Decimals)."""
-_UNSAFE = re.compile(r"\s+")
-"""Runs of whitespace (the protocol forbids space, tab, CR and LF; other spaces confuse logs)."""
+_UNSAFE = re.compile(r"\s+")  # the protocol forbids space, tab, CR, LF; other spaces confuse logs
 
 
 class KeyDerivationError(InvalidValueError):

@@ -1,25 +1,8 @@
 # pyright: reportMissingTypeStubs=false
-"""pytest fixtures for projects that test their own locked tasks (registered as ``pytest11``).
-
-* ``dflock_server`` -- a lock server running in this process on a free port
-  (``.host``, ``.port``, ``.address``, ``.stop()``), stopped after the test.
-* ``dflock_celery_config`` -- ``{"dflock_servers": "host:port"}`` for that
-  server: merge it into ``celery_config`` (``celery.contrib.pytest``) or
-  ``app.conf``.
-* ``dflock_configure`` -- a function ``configure(app) -> app`` pointing an
-  existing app at that server (drops the app's cached dflock config).
-* ``dflock_session_server`` and ``dflock_session_celery_config`` -- the same, one
-  server for the whole test session, for Celery's session-scoped ``celery_config``,
-  ``celery_session_app`` and ``celery_session_worker``.
-
-Example, with Celery's own fixtures::
-
-    pytest_plugins = ("celery.contrib.pytest",)
-
-    @pytest.fixture
-    def celery_config(dflock_celery_config):
-        return {"broker_url": "memory://", "result_backend": "cache+memory://",
-                **dflock_celery_config}
+"""pytest fixtures for projects that test their own locked tasks (registered as ``pytest11``):
+``dflock_server``, ``dflock_celery_config``, ``dflock_configure`` and the session-scoped
+``dflock_session_server`` and ``dflock_session_celery_config``; see
+[Testing your tasks](../testing.md) for what each is and recipes with Celery's fixtures.
 """
 
 from __future__ import annotations
@@ -52,7 +35,7 @@ AppT = TypeVar("AppT")
 
 
 def configure_app(app: AppT, server: ServerThread) -> AppT:
-    """Point ``app`` (a Celery app) at ``server`` and return it."""
+    """Point ``app`` (a Celery app) at ``server``, its cached dflock config dropped; return it."""
     celery_app: Any = app
     celery_app.conf.dflock_servers = f"{server.host}:{server.port}"
     reset_config(celery_app)

@@ -1,4 +1,4 @@
-"""The statements of `celery_dflock.fencing.sqlalchemy` (whose docstring shows them). On MySQL
+"""The statements of `celery_dflock.fencing.sqlalchemy` (docs/fencing.md shows them). On MySQL
 and MariaDB every assignment of the upsert keeps the row's value unless the fence is at least
 the row's and the row is the one of ``key`` (``ON DUPLICATE KEY UPDATE`` takes a conflict on
 any unique key), the fence's assignment last (MySQL assigns left to right); the row's fence is

@@ -1,24 +1,13 @@
 # pyright: reportMissingTypeStubs=false
-"""Fenced writes through Django's ORM (needs ``celery-dflock[django]`` and a configured Django).
+"""Fenced writes through Django's ORM (needs ``celery-dflock[django]`` and a configured Django);
+the statements and their answers are in [Fenced writes](../fencing.md#django).
 
-The model keeps, in each row, the highest fence a write to that row carried: a field
-``dflock_fence = fence_field()`` (a ``BigIntegerField(default=0)``; ``makemigrations`` turns
-it into an ``AddField`` that gives every existing row 0; `check_fence_field` checks a deploy's
-database has it). `fenced_update` is one ``UPDATE``::
-
-    queryset.filter(dflock_fence__lte=fence).update(dflock_fence=fence, **values)
-
-so the check and the write are one atomic statement. When no row was updated, one aggregate
-on the database written (not a replica a router reads from) tells a refusal (`StaleFence`)
-from a queryset that matches no row (0 is returned); on MySQL and MariaDB in a transaction,
-a read ``FOR UPDATE`` of the highest fence (repeatable read's snapshot may be older than the
-write that refused the update). The queryset should name one row (``pk=...``).
-
-`fenced_upsert` inserts a row or updates it, if its fence is not higher, in one statement of
-the database's own upsert, written here (Django's ``bulk_create(update_conflicts=True)``
-takes no condition): as `celery_dflock.fencing.sqlalchemy`'s.
-
-Django's ORM is blocking: from async code, ``sync_to_async(fenced_update)(...)``.
+The check and the write are one ``UPDATE``. When it wrote nothing, the highest fence is read
+on the database written (not a replica a router reads from), ``FOR UPDATE`` on MySQL and
+MariaDB in a transaction (repeatable read's snapshot may be older than the write that refused
+the update), to tell a refusal (`StaleFence`) from a queryset that matches no row. The upsert
+is the database's own, written here: Django's ``bulk_create(update_conflicts=True)`` takes no
+condition.
 """
 
 from __future__ import annotations

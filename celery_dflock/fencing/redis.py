@@ -1,19 +1,11 @@
-"""Fenced writes to Redis (needs redis-py: ``celery-dflock[redis]``).
+"""Fenced writes to Redis (needs redis-py: ``celery-dflock[redis]``); how fences are kept and
+compared is in [Fenced writes](../fencing.md#redis), the asyncio face is
+`celery_dflock.fencing.redis_aio`.
 
 Each write is one Lua script, which Redis runs atomically: it reads the highest fence kept
 beside the value, refuses the write if that is higher than the write's, and otherwise writes
-the value and the fence. Fences are kept as 20-digit zero-padded decimal strings and compared
-as strings (Lua's numbers are doubles, which cannot tell two fences 1 apart).
-
-* `fenced_set`: a string value at ``key``, its fence at ``key:dflock_fence`` (``fence_key``).
-  In Redis Cluster both must hash to one slot: give ``key`` a hash tag (``{account:7}``), or
-  name a ``fence_key`` with the same tag.
-* `fenced_hset`: fields of the hash at ``key``, its fence in the hash's own ``dflock_fence``
-  field (``fence_name``).
-
-An expiry or a ``DEL`` of the fence's key forgets it (the next write is accepted), so give
-the fence's key no shorter life than the value's. For ``redis.asyncio``, use
-`celery_dflock.fencing.redis_aio`.
+the value and the fence. An expiry or a ``DEL`` of the fence's key forgets it (the next write
+is accepted), so give the fence's key no shorter life than the value's.
 """
 
 from __future__ import annotations
@@ -36,7 +28,8 @@ def fenced_set(
     client: redis.Redis, key: str, value: Value, *, fence: int | None, fence_key: str | None = None
 ) -> None:
     """``SET key value`` if ``fence`` is at least the highest fence written to ``key``, and
-    keep ``fence`` as the highest; atomic. A lower fence raises `StaleFence` and None
+    keep ``fence`` as the highest at ``fence_key`` (default ``key:dflock_fence``; in Redis
+    Cluster, give both one hash tag); atomic. A lower fence raises `StaleFence` and None
     `FenceMissing`, both without writing."""
     _run(client, set_call(key, value, fence, fence_key))
 

@@ -1,9 +1,6 @@
-"""Fenced writes to Redis through ``redis.asyncio`` (needs redis-py: ``celery-dflock[redis]``).
-
-The blocking face's functions (`celery_dflock.fencing.redis`), awaited, with the same
-arguments and answers. A task body runs the coroutine with ``asyncio.run(...)``; a
-``redis.asyncio`` client is bound to the loop it first connected on, so make and close it
-inside the coroutine.
+"""Fenced writes to Redis through ``redis.asyncio``: the blocking face's functions
+(`celery_dflock.fencing.redis`), awaited, with the same arguments and answers. A client is bound
+to the loop it first connected on: make and close it inside the coroutine ``asyncio.run`` runs.
 """
 
 from __future__ import annotations

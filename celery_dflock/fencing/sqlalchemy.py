@@ -1,33 +1,12 @@
-"""Fenced writes through SQLAlchemy (Core or ORM; needs ``celery-dflock[sqlalchemy]``).
+"""Fenced writes through SQLAlchemy, Core or ORM (needs ``celery-dflock[sqlalchemy]``); the
+statements and their answers are in [Fenced writes](../fencing.md#sqlalchemy), the asyncio face
+is `celery_dflock.fencing.sqlalchemy_aio`.
 
-The table keeps, in each row, the highest fence a write to that row carried: a column
-``dflock_fence BIGINT NOT NULL DEFAULT 0`` (`fence_column` declares it, `add_fence_column`
-adds it to a table that exists, `check_fence_column` checks a deploy's database has it).
-
-`fenced_update` is one statement::
-
-    UPDATE <table> SET <values>, dflock_fence = :fence
-    WHERE <where> AND dflock_fence <= :fence
-
-so the check and the write are one atomic step, under any isolation level. When no row was
-updated, one ``SELECT max(dflock_fence)`` on the connection the ``UPDATE`` ran on (a Session's
-for the bind it chose for the write, not a replica its reads are routed to) tells a refusal
-(`StaleFence`) from a row that is not there (0 is returned); on MySQL and MariaDB it reads
-``FOR UPDATE``, the latest committed fence, not repeatable read's snapshot. ``where`` should
-name one row (its primary key).
-
-`fenced_upsert` inserts the row, or updates it if its fence is not higher, in one statement::
-
-    INSERT INTO <table> (<key>, <values>, dflock_fence) VALUES (...)
-    ON CONFLICT (<key>) DO UPDATE SET <update>, dflock_fence = excluded.dflock_fence
-    WHERE <table>.dflock_fence <= excluded.dflock_fence RETURNING dflock_fence
-
-(PostgreSQL and SQLite; on MySQL and MariaDB, ``ON DUPLICATE KEY UPDATE`` with each assignment
-guarded by the fence and the key), so a row's fence never moves back; a refusal raises
-`StaleFence`.
-
-The caller's transaction commits the write (``engine.begin()``, ``session.commit()``). For
-SQLAlchemy's asyncio extension use `celery_dflock.fencing.sqlalchemy_aio`.
+The check and the write are one statement, atomic under any isolation level, committed by the
+caller's transaction. When it wrote nothing, the row's fence is read on the connection the
+write ran on (a Session's for the bind it chose, not a replica its reads are routed to), ``FOR
+UPDATE`` on MySQL and MariaDB (the latest committed fence, not repeatable read's snapshot), to
+tell a refusal (`StaleFence`) from a row that is not there.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Fenced writes through SQLAlchemy's asyncio extension (``AsyncConnection``, ``AsyncSession``;
-needs ``celery-dflock[sqlalchemy]``, ``sqlalchemy[asyncio]`` and an async driver; tested with
-psycopg 3's and aiosqlite).
+"""Fenced writes through SQLAlchemy's asyncio extension (needs ``celery-dflock[sqlalchemy]``,
+``sqlalchemy[asyncio]`` and an async driver; see [Async stores](../fencing.md#async-stores)).
 
 The blocking face's functions (`celery_dflock.fencing.sqlalchemy`), awaited, with the same
 arguments and answers, on an ``AsyncConnection`` or an ``AsyncSession``: each runs the blocking
-one through ``run_sync``. `check_fence_column` checks a deploy's database::
-
-    async with engine.connect() as db:
-        await check_fence_column(db, accounts)
-
-A task body runs the coroutine with ``asyncio.run(...)``; an engine is bound to the loop it
-was first used on, so make and dispose of it inside the coroutine, or use ``NullPool``.
+one through ``run_sync``. An engine is bound to the loop it was first used on: make and dispose
+of it inside the coroutine ``asyncio.run`` runs, or use ``NullPool``.
 """
 
 from __future__ import annotations
