@@ -74,9 +74,6 @@ STANDBY_ACQUIRE_TIMEOUT_S: Final = 10
 RETRY_UNREACHABLE_S: Final = 1.0
 
 
-# ---------------------------------------------------------------------------------- leader election
-
-
 class Leadership:
     """Campaign for one lock in a daemon thread; expose whether this process is the leader.
     ``make_lock(on_lost)`` builds a fresh lock for each campaign."""
@@ -246,9 +243,6 @@ def _release_quietly(lock: DistributedLock) -> bool:
     except DflockError as exc:
         logger.debug("beat: release after loss failed: %s", exc)
         return False
-
-
-# ------------------------------------------------------------------------------------ the scheduler
 
 
 @dataclass(frozen=True, slots=True)

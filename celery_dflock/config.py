@@ -3,17 +3,11 @@
 app), and a run's lock options resolved from them (`LockOptions`, `resolve_options`).
 
 Every lock option and setting, with its default and its check, is declared once, in the table
-of `celery_dflock._settings`. A lock option is resolved the way Celery resolves its own task
-options, first match wins (`resolve_options`):
-
-1. the per-call option (``task.apply_async(..., lock_key="x")``);
-2. the task's entry in ``app.conf.dflock_task_locks`` (like ``task_annotations``,
-   it lets an operator lock or tune a task without editing it);
-3. the task attribute (``@app.task(base=LockedTask, lock_timeout=5)``);
-4. the app-wide ``app.conf.dflock_*`` setting;
-5. the built-in default.
-
-Bad values raise :class:`DflockConfigError` naming the setting or option.
+of `celery_dflock._settings`. A lock option resolves as Celery resolves its own task options,
+first match wins: per call, the task's ``dflock_task_locks`` entry (as ``task_annotations``, it
+lets an operator lock or tune a task without editing it), the task attribute, the app-wide
+``dflock_*`` setting, the default ([Locked tasks](../locked-tasks.md)). Bad values raise
+:class:`DflockConfigError` naming the setting or option.
 """
 
 from __future__ import annotations
@@ -126,11 +120,8 @@ class DflockConfig:
 
 
 def get_config(app: Any) -> DflockConfig:
-    """The app's :class:`DflockConfig`, read on first use and cached on the app.
-
-    Change ``dflock_*`` settings before the first locked task runs, or call
-    :func:`reset_config` afterwards.
-    """
+    """The app's :class:`DflockConfig`, read on first use and cached on the app: change
+    ``dflock_*`` settings before the first locked task runs, or call :func:`reset_config` after."""
     config: object = getattr(app, _CONFIG_ATTR, None)
     if not isinstance(config, DflockConfig):
         config = DflockConfig.from_conf(app.conf, getattr(app, "namespace", None))
@@ -143,8 +134,6 @@ def reset_config(app: Any) -> None:
     if hasattr(app, _CONFIG_ATTR):
         delattr(app, _CONFIG_ATTR)
 
-
-# --------------------------------------------------------------------------- a run's options
 
 RETRY_WAIT_S: Final = 30.0
 """The default ``lock_timeout`` of ``on_locked="retry"`` (``"skip"`` and ``"raise"``: 0)."""

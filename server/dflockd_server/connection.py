@@ -83,7 +83,6 @@ class Connection(asyncio.Protocol):
         ``untold_in``): freed if the transport closes before it leaves (``_free_untold``)."""
         self.untold_in: list[bytes] | None = None
 
-    # ------------------------------------------------------------------ transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport: no isinstance check here.
         transport = cast(asyncio.Transport, transport)
@@ -231,7 +230,6 @@ class Connection(asyncio.Protocol):
         else:
             stream.update_reading()
 
-    # ------------------------------------------------------------------ requests
     def _process_later(self) -> None:
         stream = self.stream
         if not stream.more_scheduled:
@@ -414,7 +412,6 @@ class Connection(asyncio.Protocol):
         if not self.stream.closing:
             self._done_waiting(reply)
 
-    # ------------------------------------------------------------------ shutdown
     def drain_now(self) -> None:
         """Shutdown deadline: answer an in-flight wait with ``error_draining`` and close."""
         waiter, session = self.waiter, self.session

@@ -217,7 +217,6 @@ class Session:
             self.asking = self.table.grants.asking = False  # one request only, whatever it was
         return reply
 
-    # ------------------------------------------------------------------ routes
     @staticmethod
     def route_table() -> dict[bytes, _Route]:  # in the class: routes are protected
         return {
@@ -527,7 +526,6 @@ class Session:
         self.authed = False
         return self._later(AUTH_FAILED)
 
-    # ------------------------------------------------------------------ a wait's end
     def granted(self, waiter: Waiter) -> bytes:
         holder = waiter.holder
         assert holder is not None
@@ -562,7 +560,6 @@ class Session:
         """The connection is gone (``by_peer``: closed by its peer): ``LockTable.disconnect``."""
         self.table.disconnect(self.client, by_peer=by_peer)
 
-    # ------------------------------------------------------------------ helpers
     def _later(self, action: Action) -> None:
         self.action = action
 

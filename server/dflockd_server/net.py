@@ -123,7 +123,6 @@ class Server:
         self._fragment_delay_cap = cap
         self.longest_fragment_delay = _JITTER_MAX * cap
 
-    # ------------------------------------------------------------------ properties
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -149,7 +148,6 @@ class Server:
         name: Any = sockets[0].getsockname()
         return str(name[0]), int(name[1])
 
-    # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Bind and start serving; returns once the listening socket is open. A cluster member
         that joined but cannot serve (its port taken, its metrics port too) leaves the cluster

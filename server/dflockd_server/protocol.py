@@ -219,7 +219,6 @@ def _fields(arg: bytes, fewest: int, most: int, cmd: str | bytes, usage: str) ->
     return parts
 
 
-# ---------------------------------------------------------------------- requests
 # Each parser checks its frame against PROTOCOL.md's rules, in the order the fields come; the
 # usual shapes cost a look-up, any other goes the rest of the same function.
 
@@ -427,7 +426,6 @@ def unknown_command(cmd: bytes) -> Malformed:
     return Malformed(f"unknown command {cmd[:40]!r}")
 
 
-# ---------------------------------------------------------------------- replies
 def _fixed(status: str) -> bytes:
     return f"{status}\n".encode()
 

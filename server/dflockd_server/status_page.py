@@ -120,7 +120,6 @@ def _refresh(raw: str) -> int:
     return min(int(raw), _MAX_REFRESH_S) if raw.isascii() and raw.isdigit() else REFRESH_S
 
 
-# ------------------------------------------------------------------------------ the page
 _STYLE: Final = """
 body { font-family: system-ui, sans-serif; font-size: 16px; margin: 24px; color: #1b1b1b; }
 h1 { font-size: 22px; margin: 0 0 6px; overflow-wrap: anywhere; }
