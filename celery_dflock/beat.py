@@ -64,8 +64,7 @@ NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 STANDBY_TICK_S: Final = 1.0
 """Longest a standby's tick blocks waiting to be promoted."""
 STANDBY_RETURN_S: Final = 0.001
-_LAZY_POSITION: Final = 4
-"""Index of ``lazy`` among ``Scheduler.__init__``'s positional arguments (after ``self``)."""
+_LAZY_POSITION: Final = 4  # lazy's index among Scheduler.__init__'s positional arguments
 _BROKER_CACHE: Final = ("producer", "connection")
 """The cached properties through which Celery's ``Scheduler`` publishes (its ``close`` pops
 them and, from Celery 5.7 on, releases the connection)."""
@@ -299,7 +298,7 @@ def _wrapped_class(setting: object, beat_scheduler: object) -> type[Scheduler]:
 
 
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` for one send of entry ``name`` under its non-overlap lock (see above)."""
+    """``options`` for one send of entry ``name`` under its non-overlap lock."""
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
     headers = dict(_entry_mapping(name, "options['headers']", options.get("headers")))
     result["headers"] = headers
@@ -386,7 +385,7 @@ class SingletonScheduler(Scheduler):
         celery_signals.beat_embedded_init.connect(
             _close_on_sigterm, weak=False, dispatch_uid=_close_on_sigterm.__qualname__
         )
-        # A wrapped RedBeat's own Redis lock must be off (see "The schedule store" above).
+        # A wrapped RedBeat's own Redis lock must be off (docs/beat.md, "RedBeat").
         wrapped = [c for c in type(self).__mro__ if c.__module__.startswith("redbeat")]
         key: object = getattr(self, "lock_key", None)
         if wrapped and key:
@@ -484,7 +483,7 @@ class SingletonScheduler(Scheduler):
             self._drop_store()
 
     def _take_over(self, term: int) -> None:
-        """Start every entry from now (see "Failover" in the module documentation)."""
+        """Start every entry from now (docs/beat.md, "Failover without double sends")."""
         self._term_seen = term
         self._active_since = {}
         schedule = cast("Mapping[str, Any]", cast("Any", self).schedule)
@@ -556,16 +555,13 @@ class SingletonScheduler(Scheduler):
         """Write and close the wrapped store (if the confirmed leader; else nothing is
         written), then release the lock to the next standby.
 
-        Called in the middle of a send (by beat's SIGTERM/SIGINT handler, in the same thread),
-        the broker connection is left open: Celery 5.7+'s ``Scheduler.close`` would release
-        the connection the send is reading from, and the resulting error would replace the
-        SystemExit, so beat would carry on without its lock. The close beat makes again on its
-        way out releases it.
-
-        Called while this thread waits for the lock server, the lock's connection is held by
-        the interrupted request, so this beat counts as unconfirmed, stops campaigning without
-        a release and leaves the client alone; the close beat makes again on its way out, the
-        request unwound, releases the lock.
+        Beat's SIGTERM/SIGINT handler may call it in this thread mid-request; the close beat
+        makes again on its way out then finishes the job. In the middle of a send, the broker
+        connection is left open: Celery 5.7+'s ``Scheduler.close`` would release the one the
+        send reads from, and that error would replace the SystemExit (beat would carry on
+        without its lock). While this thread waits for the lock server, the lock's connection
+        is the interrupted request's: this beat counts as unconfirmed and stops campaigning
+        without a release, leaving the client alone.
         """
         interrupted_ask = self._asking_lock_server
         cache = self.__dict__

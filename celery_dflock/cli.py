@@ -137,8 +137,7 @@ _SHORT: Final = {
     "restart_grace": "restart grace",
     "shards_moving": "shards moving",
 }
-_GRACE: Final = "restart_grace"
-"""The degraded state `format_status` says from the grace fields."""
+_GRACE: Final = "restart_grace"  # the degraded state format_status says from the grace fields
 RESTORED_MARK: Final = "restored, not yet reattached"
 """`format_locks`' note on a lease restored from the journal that no connection renewed since."""
 

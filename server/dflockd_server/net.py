@@ -68,14 +68,12 @@ class Server:
         self.serving = serving = KeyServing(admission.connections)
         """Which keys it serves (``set_ownership``), and its cluster node's host."""
         self.key_check: Callable[[str], bytes | None] | None = None
-        """``serving.key_check``, read by every acquire (``set_ownership`` keeps it)."""
         # What its sessions (``dispatch.Host``), connections (``connection.ServerSide``) and
-        # cluster node (``NodeHost``) call, bound to the part that answers it.
+        # cluster node (``NodeHost``) call, bound to the part that answers it; `set_ownership`
+        # keeps the checks read per acquire or keep-alive (key_check to admit_ask) current.
         self.may_hold = serving.may_hold
         self.hold_check = serving.hold_check
-        """``serving.hold_check``, read by every keep-alive (``set_ownership`` keeps it)."""
         self.asked_check = serving.asked_check
-        """``serving.asked_check`` and ``admit_ask`` (``set_ownership`` keeps them)."""
         self.admit_ask = serving.admit_ask
         self.shards_reply = serving.shards_reply
         self.over_ip_share = admission.over_ip_share
@@ -113,9 +111,8 @@ class Server:
         """This start of the server, in ``hello`` (``run``): sessions do not outlive it."""
         self._hello = self._make_hello()
         self._group_write: GroupWrite | None = None
-        # Per-command request timing and its HTTP exporter, when metrics_port is set.
-        self.request_times: RequestTimes | None = None
-        self.metrics: MetricsExporter | None = None
+        self.request_times: RequestTimes | None = None  # per-command timing, with metrics_port
+        self.metrics: MetricsExporter | None = None  # and its HTTP exporter
         self._jitter = random.Random()
         cap = c.FRAGMENT_READ_DELAY_MAX_S
         if self.config.read_timeout_s > 0:

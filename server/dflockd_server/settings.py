@@ -27,12 +27,9 @@ class Setting:
     check: Callable[[Any], str | None]
     help: str
     metavar: str = "N"
-    none_text: str = "none"
-    """How ``--help`` shows a default of ``None``."""
-    env: tuple[str, ...] = ()
-    """The environment variables, the documented one first."""
-    common: bool = False
-    """Shown by ``dflockd --help`` (``--help-all``: every setting)."""
+    none_text: str = "none"  # how --help shows a default of None
+    env: tuple[str, ...] = ()  # the environment variables, the documented one first
+    common: bool = False  # shown by dflockd --help (--help-all: every setting)
 
     def __post_init__(self) -> None:
         if not self.env:
@@ -67,8 +64,7 @@ class Setting:
 # (parse, check) pairs that several settings share
 _TEXT = (v.parse_str, v.check_nothing)
 _FILE = (v.parse_str, v.check_readable_file)
-_COUNT = (v.parse_int, v.check_non_negative)
-"""A cap or a count (0: no cap, or none)."""
+_COUNT = (v.parse_int, v.check_non_negative)  # a cap or a count (0: no cap, or none)
 _POSITIVE_INT = (v.parse_int, v.check_positive)
 _LEASE = (v.parse_int, v.check_lease)
 _PORT = (v.parse_int, v.check_port)
