@@ -37,9 +37,6 @@ from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotO
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
-Request = _by_token.Request
-"""(command, bytes, reply timeout)."""
-
 
 class EnqueueResult(str):
     """What ``enqueue()`` returns: ``"acquired"`` or ``"queued"``, a `str` (as dflockd's own
@@ -158,7 +155,7 @@ class LockCore:
         if lease is not None and limit is not None and lease > limit:  # (no message to make)
             check_lease(server, self.endpoint.address, self.what, lease)
 
-    def acquire_request(self, server: ServerInfo | None = None) -> Request:
+    def acquire_request(self, server: ServerInfo | None = None) -> _by_token.Request:
         """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with
         holds."""
         self.require_idle()
@@ -178,14 +175,14 @@ class LockCore:
                 return Command.HOLD, data, timeout + REPLY_GRACE_S
         return Command.LOCK, checked_lock(routing.key, timeout, lease), timeout + REPLY_GRACE_S
 
-    def enqueue_request(self, server: ServerInfo | None = None) -> Request:
+    def enqueue_request(self, server: ServerInfo | None = None) -> _by_token.Request:
         self.require_idle()
         self.check_lease(server, self.lease_ttl_s)
         data = _requests.checked_enqueue(self.key, self.routing.limit, self.lease_ttl_s)
         command = Command.ENQUEUE if self.routing.limit is None else Command.SEM_ENQUEUE
         return command, data, REPLY_GRACE_S
 
-    def wait_request(self, timeout_s: float | None) -> Request:
+    def wait_request(self, timeout_s: float | None) -> _by_token.Request:
         """``w`` / ``sw`` (the lock must be enqueued)."""
         if self.state is not LockState.ENQUEUED:
             raise LockNotOwned(f"{self.what} is not enqueued: call enqueue() before wait()")
@@ -202,13 +199,13 @@ class LockCore:
             raise LockNotOwned(f"{self.what} is not held by this object: acquire() it first")
         return self.grant.token
 
-    def renew_request(self) -> Request:
+    def renew_request(self) -> _by_token.Request:
         token = self._held_token()
         command = Command.RENEW if self.routing.limit is None else Command.SEM_RENEW
         data = checked_renew(command, self.key, token, self.lease_ttl_s)
         return command, data, self.grant.renew_reply_timeout()
 
-    def release_request(self) -> Request:
+    def release_request(self) -> _by_token.Request:
         token = self._held_token()  # a token a grant reply matched: no second check
         if self.routing.limit is None:
             return Command.RELEASE, checked_release(self.routing.key, token), REPLY_GRACE_S
@@ -216,7 +213,7 @@ class LockCore:
 
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
-    ) -> Request:
+    ) -> _by_token.Request:
         """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``); ``note`` comes checked."""
         self.require_idle()
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
@@ -251,7 +248,7 @@ class LockCore:
 
     def take_over_request(
         self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
-    ) -> Request:
+    ) -> _by_token.Request:
         """``ht <token> <lease> <onclose> <note>``: take over a detached grant (``token`` and
         ``note`` come checked)."""
         self.require_idle()
@@ -260,7 +257,7 @@ class LockCore:
         data = _requests.checked_take(self.key, token, lease, on_close_lease, note)
         return Command.TAKE, data, REPLY_GRACE_S
 
-    def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
+    def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> _by_token.Request:
         """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
         token = self._held_token()
         if server is None or not server.supports(wire.FEATURE_HOLDS):

@@ -58,8 +58,8 @@ class Connection:
         self.transport = transport
         self._parser = transport.parser
         self._lock = threading.Lock()
-        self._closed = False
-        self._in_flight = False
+        self.closed = False
+        self.in_flight = False
         self._reaper: object = None  # `_reap`'s task or thread, kept from collection
 
     @classmethod
@@ -88,9 +88,9 @@ class Connection:
                 "a forked child must open its own"
             )
         with self._lock:
-            if self._closed:
+            if self.closed:
                 raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
-            self._in_flight = True
+            self.in_flight = True
             try:
                 reply = self.transport.exchange(command, data, timeout)
                 if self._parser.buffered:
@@ -112,7 +112,7 @@ class Connection:
                     raise failure(self.endpoint, command, exc, timeout) from exc
                 raise
             finally:
-                self._in_flight = False
+                self.in_flight = False
             if isinstance(reply, ErrorReply) and reply.code in CLOSING_ERRORS:
                 self.close(abort=True)
             self.last_used = time.monotonic()
@@ -139,12 +139,11 @@ class Connection:
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
             self._reaper = background_thread(
-                lambda: self._release_leftover(command, key, wait_s, ask=ask),
-                f"dflock-reap:{key}",
+                lambda: self._release_leftover(command, key, wait_s, ask=ask), f"dflock-reap:{key}"
             )
         except RuntimeError:  # no thread (a process at its pid limit)
             return False
-        self._closed = True
+        self.closed = True
         return True
 
     def _release_leftover(self, command: Command, key: str, wait_s: float, *, ask: bool) -> None:
@@ -173,15 +172,15 @@ class Connection:
 
     def close(self, *, abort: bool = False) -> None:
         """Start closing (no await needed; ``abort``: unsent bytes dropped); idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self.transport.close(abort=abort)
 
     def is_reusable(self, timeout: float = REPLY_GRACE_S) -> bool:
         """Liveness check before reuse: a ``ping`` (answered within ``timeout``) where the
         server knows it and the transport needs one, else nothing waiting to be read."""
-        if self._closed or self.pid != os.getpid() or self._parser.buffered:
+        if self.closed or self.pid != os.getpid() or self._parser.buffered:
             return False
         transport, server = self.transport, self.server
         if transport.pings and server is not None and server.supports(wire.FEATURE_PING):
@@ -192,7 +191,7 @@ class Connection:
     def broken_while_idle(self) -> bool:
         """True when an idle connection is unusable (EOF, a reset, bytes nobody asked for);
         False while a request is in flight (it sees a broken connection itself)."""
-        return self._closed or (not self._in_flight and self.transport.broken(self._lock))
+        return self.closed or (not self.in_flight and self.transport.broken(self._lock))
 
     @classmethod
     def connect(
@@ -314,14 +313,6 @@ class Connection:
         except DflockError:
             return None
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def in_flight(self) -> bool:
-        return self._in_flight
-
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return f"<{type(self).__name__} {self.endpoint.address} {state}>"
