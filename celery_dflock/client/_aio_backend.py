@@ -102,8 +102,7 @@ class AsyncRenewalDriver:
             conn.transport.watch(None)
 
     def renewed(self, conn: AsyncConnection) -> None:
-        """After a renewal: a close heard mid-request woke the task to no effect; wake it
-        again."""
+        """After a renewal: a close heard mid-request woke the task to no effect; wake it again."""
         if conn.broken_while_idle():
             self._connection_event()
 
@@ -117,10 +116,9 @@ class AsyncRenewalDriver:
         self._task = self._renewing = None
 
     def check(self) -> None:
-        """Refuse a call from another event loop than the renewal task's: it would wait for
-        that task forever (or meet that loop closed). A release calls it before anything
-        else, so a refusal abandons nothing (a blocking lock has no such check: any thread may
-        use it)."""
+        """Refuse a call from another event loop than the renewal task's: it would wait for that
+        task forever (or meet that loop closed). A release calls it before anything else, so a
+        refusal abandons nothing (a blocking lock has no such check: any thread may use it)."""
         task = self._task
         if task is not None and (loop := task.get_loop()) is not asyncio.get_running_loop():
             where = (

@@ -1,7 +1,6 @@
-"""Requests about a grant named by its token, without a lock object (no I/O here): release,
-renew, detach, note and force release, built and read here. What they carry comes checked (a
-lease here against the server's longest lease too), but a release's token, checked here.
-"""
+"""Requests about a grant named by its token, without a lock object (no I/O here): release, renew,
+detach, note and force release, built and read here. What they carry comes checked (a lease here
+against the server's longest lease too), but a release's token, checked here."""
 
 from __future__ import annotations
 

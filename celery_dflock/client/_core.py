@@ -62,9 +62,8 @@ the lease; a cluster member may not know its shards yet), and what they mean."""
 
 
 class LockCore:
-    """State and decisions of one lock or semaphore object. ``settings``, ``acquire_timeout_s``
-    and ``lease_ttl_s`` (None: the settings') come checked; ``key`` and ``note`` are checked
-    here."""
+    """State and decisions of one lock or semaphore object. ``settings``, ``acquire_timeout_s`` and
+    ``lease_ttl_s`` (None: the settings') come checked; ``key`` and ``note`` are checked here."""
 
     def __init__(
         self,
@@ -156,8 +155,7 @@ class LockCore:
             check_lease(server, self.endpoint.address, self.what, lease)
 
     def acquire_request(self, server: ServerInfo | None = None) -> _by_token.Request:
-        """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with
-        holds."""
+        """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with holds."""
         self.require_idle()
         routing = self.routing
         timeout = routing.wait_seconds()

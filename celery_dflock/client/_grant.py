@@ -1,7 +1,6 @@
-"""What one lock object knows of the grant it holds (no I/O here): token and fence, how long
-the lease surely runs, when to renew, and reattaching after the held connection broke.
-A `LockCore` decides and logs; its `HeldGrant` keeps the figures and does their arithmetic.
-"""
+"""What one lock object knows of the grant it holds (no I/O here): token and fence, how long the
+lease surely runs, when to renew, and reattaching after the held connection broke. A `LockCore`
+decides and logs; its `HeldGrant` keeps the figures and does their arithmetic."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The dflockd protocol's requests, without I/O: the commands, the checks of what a request
-carries, and one function per request returning its bytes (``checked_*``: of parts checked
-before; ``encode_*``: checking what it is given), or its bytes (``*_REQUEST``) when it carries
-nothing."""
+"""The dflockd protocol's requests, without I/O: the commands, the checks of what a request carries,
+and one function per request returning its bytes (``checked_*``: of parts checked before;
+``encode_*``: checking what it is given), or its bytes (``*_REQUEST``) when it carries nothing."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Where a lock's requests go (no I/O here): `ClusterRouter`, one client's cached cluster map
-shared by its locks; `KeyRoute`, one lock's route: the key's server, and how an acquire follows
-a cluster's redirects (``error_moved``, ``error_ask``, ``error_unavailable``, an unreachable
-member), pausing and reading the map again by one rule.
-"""
+"""Where a lock's requests go (no I/O here): `ClusterRouter`, one client's cached cluster map shared
+by its locks; `KeyRoute`, one lock's route: the key's server, and how an acquire follows a cluster's
+redirects (``error_moved``, ``error_ask``, ``error_unavailable``, an unreachable member), pausing
+and reading the map again by one rule."""
 
 from __future__ import annotations
 

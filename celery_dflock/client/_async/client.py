@@ -55,10 +55,9 @@ ByToken = Callable[[ServerInfo | None, str, str, str, T], _by_token.Request]
 
 
 class AsyncClient:
-    """Locks, semaphores, requests by token, stats and ping over one pool (`Client`: thread
-    and fork safe; `AsyncClient`: for one event loop). Arguments as `DistributedLock`'s, held
-    once; ``acquire_timeout_s`` and ``lease_ttl_s`` are the defaults of every lock it makes.
-    """
+    """Locks, semaphores, requests by token, stats and ping over one pool (`Client`: thread and fork
+    safe; `AsyncClient`: for one event loop). Arguments as `DistributedLock`'s, held once;
+    ``acquire_timeout_s`` and ``lease_ttl_s`` are the defaults of every lock it makes."""
 
     def __init__(
         self,

@@ -1,8 +1,7 @@
-"""A connection to a lock server: requests one at a time, each closing the connection when it
-cannot complete; authenticating, ``hello``, ``ping``, and whether an idle one is still sound.
-The asyncio source of the ``_sync/`` twin; each owns a transport
-(`celery_dflock.client._connection`), where the two faces' I/O differs.
-"""
+"""A connection to a lock server: requests one at a time, each closing the connection when it cannot
+complete; authenticating, ``hello``, ``ping``, and whether an idle one is still sound. The asyncio
+source of the ``_sync/`` twin; each owns a transport (`celery_dflock.client._connection`), where the
+two faces' I/O differs."""
 
 from __future__ import annotations
 

@@ -365,12 +365,11 @@ class AsyncLockBase:
     async def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
 
-        False when nothing was held or the lock was lost. An enqueued lock leaves the queue
-        (a grant that came meanwhile is released: True). A server that does not answer: False
-        (at once when it is down; when it is silent, after the 10 s reply timeout, and a
-        renewal then in flight first waits out its own), and the
-        background keeps releasing by token while the lease runs. If the
-        server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
+        False when nothing was held or the lock was lost. An enqueued lock leaves the queue (a grant
+        that came meanwhile is released: True). A server that does not answer: False (at once when
+        it is down; when it is silent, after the 10 s reply timeout, and a renewal then in flight
+        first waits out its own), and the background keeps releasing by token while the lease runs.
+        If the server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
         fork child of the holder does nothing.
         """
         holding, core = self._holding, self._core
@@ -484,10 +483,9 @@ class AsyncDistributedLock(AsyncLockBase):
         return self._core.note
 
     async def hold(self, note: str, *, detached: bool = True) -> Hold:
-        """Take a detached hold of this key (``hl ... d <note>``) with this lock's lease: the
-        grant outlives this object, which holds nothing after. Not ``detached``: it stays
-        bound to the pooled connection that took it until `detach_token`. `KeyHeld` when the
-        key stays busy."""
+        """Take a detached hold of this key (``hl ... d <note>``) with this lock's lease: the grant
+        outlives this object, which holds nothing after. Not ``detached``: it stays bound to the
+        pooled connection that took it until `Client.detach`. `KeyHeld` when the key stays busy."""
         note = _requests.validate_note(note)
         core, granted = self._core, False
         try:

@@ -1,7 +1,6 @@
-"""The connection pool (see `celery_dflock.client.pool`), asyncio source of the ``_sync/``
-twin. It owns its idle connections, what each server said to ``hello``, its counters, and
-what its kind adds (its `PoolFace`: an asyncio pool's event loop, a blocking one's renewer).
-"""
+"""The connection pool (see `celery_dflock.client.pool`), asyncio source of the ``_sync/`` twin. It
+owns its idle connections, what each server said to ``hello``, its counters, and what its kind adds
+(its `PoolFace`: an asyncio pool's event loop, a blocking one's renewer)."""
 
 from __future__ import annotations
 
@@ -28,12 +27,11 @@ DEFAULT_MAX_IDLE_TIME_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARG
 class AsyncConnectionPool:
     """Idle connections for the locks and semaphores of its kind (``pool=``).
 
-    ``opened``, ``reused`` and ``discarded`` count connections opened, handed out again after
-    the liveness check, and dropped (dead, too old, or over ``max_idle_per_server``), in this
-    process. (The first connection to a server without ``hello`` costs one more, closed at
-    once, which ``opened`` does not count.)
-    The idle connections and counters are under a mutex (an asyncio pool never holds it
-    across an ``await``).
+    ``opened``, ``reused`` and ``discarded`` count connections opened, handed out again after the
+    liveness check, and dropped (dead, too old, or over ``max_idle_per_server``), in this process.
+    (The first connection to a server without ``hello`` costs one more, closed at once, which
+    ``opened`` does not count.) The idle connections and counters are under a mutex (an asyncio pool
+    never holds it across an ``await``).
     """
 
     def __init__(
