@@ -260,8 +260,7 @@ class KeyRoute:
         return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
 
     def on_ask_refused(self) -> float | None:
-        """The member an ``error_ask`` named refused ``asking``: pause as after
-        ``error_unavailable``."""
+        """An ``error_ask``'s member refused ``asking``: pause as on ``error_unavailable``."""
         return self._next_pause(f"{self.endpoint.address} refused asking")
 
     def on_unreachable(self, exc: DflockError) -> float | None:

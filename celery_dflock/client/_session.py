@@ -105,8 +105,7 @@ class ClientSession:
             self.renewal_answered_at = self.clock()
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
-        """``holder`` holds or waits for a grant on the session: ``start()`` the keep-alive
-        unless one runs."""
+        """``holder`` holds or waits for a grant on it: ``start()`` a keep-alive unless one runs."""
         with self._guard:
             self.holders[holder] = None
             if self.keeper is None and not self.ended:

@@ -148,8 +148,7 @@ class RenewalDriver:
         self._watched_fd = None
 
     def stop(self) -> None:
-        """Stop renewing; wait for a renewal under way (and the on_lost it may run), except
-        when called from inside it."""
+        """Stop renewing; wait for a renewal under way (and its on_lost), unless called from it."""
         with self._guard:
             self._stopping = True
             renewal = self._renewal

@@ -118,8 +118,7 @@ class AsyncHolding:
         return self.core.lost and event is not None and event.is_set()
 
     def forked(self) -> bool:
-        """In a fork child of the holder: forget the lock (closing only our copy of the
-        socket), True."""
+        """In a fork child of the holder: forget the lock (closing our copy of its socket), True."""
         if not self.core.grant.foreign_process():
             return False
         conn, self.conn = self.conn, None
@@ -321,9 +320,8 @@ class AsyncHolding:
         return outcome
 
     async def _reattach(self, scheduled: bool) -> bool | None:
-        """Reconnect and renew by token, pausing between attempts outside the operation lock:
-        True once renewed, False (lost) when refused or the lease runs out first, None once
-        release began."""
+        """Reconnect and renew by token, pausing between tries outside the operation lock: True once
+        renewed, False (lost) if refused or the lease ends first, None once release began."""
         core = self.core
         while True:
             wait_s: float | None = None

@@ -299,14 +299,12 @@ class Connection:
         return reply.data if isinstance(reply, _replies.JsonReply) else None
 
     def ping(self, timeout: float = REPLY_GRACE_S) -> bool | None:
-        """``ping``: True answered ``ok``, False refused, None no answer (the request closed
-        the connection)."""
+        """``ping``: True answered ``ok``, False refused, None no answer (the request closed it)."""
         reply = self._ping(_requests.PING_REQUEST, timeout)
         return None if reply is None else isinstance(reply, _replies.Ok)
 
     def _ping(self, data: bytes, timeout: float) -> Reply | None:
-        """A ``ping``'s reply (``data``: a keep-alive's too); None when none came (the request
-        closed the connection)."""
+        """The reply to ``data``, a ping or keep-alive; None: no answer (the request closed it)."""
         try:
             return self.request(Command.PING, data, timeout)
         except DflockError:

@@ -120,8 +120,7 @@ class Holding:
         return self.core.lost and event is not None and event.is_set()
 
     def forked(self) -> bool:
-        """In a fork child of the holder: forget the lock (closing only our copy of the
-        socket), True."""
+        """In a fork child of the holder: forget the lock (closing our copy of its socket), True."""
         if not self.core.grant.foreign_process():
             return False
         conn, self.conn = self.conn, None
@@ -323,9 +322,8 @@ class Holding:
         return outcome
 
     def _reattach(self, scheduled: bool) -> bool | None:
-        """Reconnect and renew by token, pausing between attempts outside the operation lock:
-        True once renewed, False (lost) when refused or the lease runs out first, None once
-        release began."""
+        """Reconnect and renew by token, pausing between tries outside the operation lock: True once
+        renewed, False (lost) if refused or the lease ends first, None once release began."""
         core = self.core
         while True:
             wait_s: float | None = None
