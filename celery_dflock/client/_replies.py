@@ -302,8 +302,7 @@ class ReplyParser:
         self._buffer += data
 
     def feed_reply(self, command: Command, data: bytes) -> Reply | None:
-        """`feed` ``data``, then `next_reply` (one whole line with nothing buffered skips the
-        buffer)."""
+        """`feed` ``data``, then `next_reply` (a whole line with the buffer empty skips it)."""
         if not self._buffer and data.endswith(b"\n"):
             end = data.find(b"\n")
             if end == len(data) - 1 and end <= self._line_limit(command):

@@ -18,8 +18,7 @@ _WHITESPACE_RE: Final = re.compile(r"\s")  # exactly what ``str.isspace`` accept
 
 
 class Command(enum.StrEnum):
-    """The request commands, as spelled on the wire; `label` for messages (``"a renewal
-    ('n')"``)."""
+    """The request commands as spelled on the wire; `label` for messages (``"a renewal ('n')"``)."""
 
     label: str
 

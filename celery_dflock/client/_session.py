@@ -163,8 +163,7 @@ class ClientSession:
 
 
 class Sessions:
-    """The current `ClientSession` with each server of one pool (or lock); a fork child
-    forgets them."""
+    """The current `ClientSession` per server of a pool (or lock); a fork child forgets them."""
 
     __slots__ = ("_by_address", "_pid")
 

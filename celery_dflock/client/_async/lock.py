@@ -97,9 +97,8 @@ class AsyncLockBase:
 
     @property
     def grace(self) -> str | None:
-        """Why the last acquire (or two-phase wait) failed when its server was in its restart
-        grace, granting no key until every lease its previous run may have granted has ended
-        (else None)."""
+        """Why the last acquire (or two-phase wait) failed when its server was in its restart grace,
+        granting no key until every lease its previous run may have granted ended (else None)."""
         return self._core.grace
 
     @property

@@ -1,6 +1,5 @@
 """Asking one server ``hello``, ``stats`` or ``shards`` over a connection of its own: never raising
-for a server that cannot be reached, saying so in the answer (asyncio source of the ``_sync/``
-twin)."""
+for an unreachable server, saying so in the answer (asyncio source of the ``_sync/`` twin)."""
 
 from __future__ import annotations
 

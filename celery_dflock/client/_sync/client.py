@@ -212,14 +212,12 @@ class Client:
         return self._done(_by_token.detach_request, key, token, lease)
 
     def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
-        """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
-        the key."""
+        """Renew ``token`` on ``key`` to ``lease_ttl`` s: False if it no longer holds the key."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         return self._done(_by_token.renew_request, key, token, lease)
 
     def note(self, key: str, token: str, note: str) -> bool:
-        """Replace the owner note of ``token``'s grant on ``key``: False if it no longer
-        holds the key."""
+        """Replace ``token``'s owner note on ``key``: False if it no longer holds the key."""
         return self._done(_by_token.note_request, key, token, _requests.validate_note(note))
 
     def force_release(self, key: str, *, note: str | None = None) -> int:

@@ -119,13 +119,12 @@ class Connection:
 
     def _reap(self, command: Command, data: bytes, timeout: float, *, unread: bool) -> bool:
         """An acquire interrupted (cancelled, a signal's exception) or unanswered in time on a
-        session connection: a grant the server sent, or sends when it goes on, belongs to the
-        session, which its keep-alives would keep for good with nobody knowing its token.
-        Half-close (a grant made after the server sees EOF ends at once; a TLS close cannot be
-        half, so there the wait runs its ``timeout``) and, in the background, read what is left
-        and release a grant found in it, for the session's time at least: a server that answers
-        later was stalled past it, so the session has ended, and its grant with it.
-        False (no thread): nothing done, the caller closes."""
+        session connection: a grant the server sent or sends later belongs to the session, which its
+        keep-alives would keep for good with nobody knowing its token. Half-close (a grant made
+        after the server sees EOF ends at once; a TLS close cannot be half, so there the wait runs
+        its ``timeout``) and, in the background, read what is left and release a grant found in it,
+        for the session's time at least: a server that answers later was stalled past it, so the
+        session, and its grant, ended. False (no thread): nothing done, the caller closes."""
         session = self.session
         if command not in MAY_GRANT or session is None:
             return False
@@ -279,9 +278,8 @@ class Connection:
         return info
 
     def learn_grace(self) -> None:
-        """After an acquire timed out: a server without client sessions tells a restart's
-        grace only in ``hello`` (no join answers on it), so ``hello`` is asked again; a
-        failure leaves what was known."""
+        """After an acquire timed out: a server without client sessions tells a restart's grace only
+        in ``hello`` (no join answers), so it is asked again; a failure leaves what was known."""
         server = self.server
         if server is not None and not server.legacy and not server.keeps_sessions:
             with contextlib.suppress(DflockError):
