@@ -44,19 +44,10 @@ _WHERE: Final[dict[str, str]] = {
 client does not load both faces, asyncio and ssl."""
 
 __all__ = [
-    "AsyncClient",
-    "AsyncConnectionPool",
-    "AsyncDistributedLock",
-    "AsyncDistributedSemaphore",
-    "Client",
-    "ConnectionPool",
-    "DistributedLock",
-    "DistributedSemaphore",
-    "Hold",
-    "ShardingStrategy",
-    "rendezvous_shard",
-    "stable_hash_shard",
-]
+    "AsyncClient", "AsyncConnectionPool", "AsyncDistributedLock", "AsyncDistributedSemaphore",
+    "Client", "ConnectionPool", "DistributedLock", "DistributedSemaphore", "Hold",
+    "ShardingStrategy", "rendezvous_shard", "stable_hash_shard",
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> object:

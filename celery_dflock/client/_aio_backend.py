@@ -25,17 +25,9 @@ from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
 
 __all__ = [
-    "AsyncPoolFace",
-    "AsyncRenewalDriver",
-    "Background",
-    "Event",
-    "OpLock",
-    "PoolRenewer",
-    "background",
-    "call_back",
-    "gather",
-    "pause",
-]
+    "AsyncPoolFace", "AsyncRenewalDriver", "Background", "Event", "OpLock", "PoolRenewer",
+    "background", "call_back", "gather", "pause",
+]  # fmt: skip
 
 OpLock = asyncio.Lock
 Event = asyncio.Event

@@ -41,15 +41,8 @@ class Renewal:
     """One held lock's place in a renewal schedule (returned by `Renewer.schedule`)."""
 
     __slots__ = (
-        "_schedule",
-        "callback",
-        "cancelled",
-        "due",
-        "interval",
-        "next_in",
-        "queued",
-        "runner",
-    )
+        "_schedule", "callback", "cancelled", "due", "interval", "next_in", "queued", "runner",
+    )  # fmt: skip
 
     def __init__(
         self, schedule: _Schedule, callback: RenewCallback, interval: float, due: float

@@ -101,36 +101,22 @@ class ErrorReply:
 
 
 Reply = (
-    Granted
-    | Queued
-    | TimedOut
-    | Renewed
-    | Ok
-    | Freed
-    | JsonReply
-    | Moved
-    | Asked
-    | Bound
-    | ErrorReply
-)
+    Granted | Queued | TimedOut | Renewed | Ok | Freed | JsonReply
+    | Moved | Asked | Bound | ErrorReply
+)  # fmt: skip
 
 _COMMON_ERRORS: Final = frozenset(
     {wire.STATUS_ERROR, wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING}
 )
 _LOCK_ERRORS: Final = _COMMON_ERRORS | {
-    wire.STATUS_ERROR_MAX_LOCKS,
-    wire.STATUS_ERROR_MAX_WAITERS,
-    wire.STATUS_ERROR_LIMIT_MISMATCH,
-    wire.STATUS_ERROR_UNAVAILABLE,
-    wire.STATUS_ERROR_READ_ONLY,
-}
+    wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_MAX_WAITERS, wire.STATUS_ERROR_LIMIT_MISMATCH,
+    wire.STATUS_ERROR_UNAVAILABLE, wire.STATUS_ERROR_READ_ONLY,
+}  # fmt: skip
 _ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {wire.STATUS_ERROR_ALREADY_ENQUEUED}
 _WAIT_ERRORS: Final = _COMMON_ERRORS | {
-    wire.STATUS_ERROR_UNAVAILABLE,
-    wire.STATUS_ERROR_READ_ONLY,
-    wire.STATUS_ERROR_NOT_ENQUEUED,
-    wire.STATUS_ERROR_LEASE_EXPIRED,
-}
+    wire.STATUS_ERROR_UNAVAILABLE, wire.STATUS_ERROR_READ_ONLY,
+    wire.STATUS_ERROR_NOT_ENQUEUED, wire.STATUS_ERROR_LEASE_EXPIRED,
+}  # fmt: skip
 _RENEW_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_MAX_LOCKS,  # a reattach by token refused for --max-locks-per-ip: lost
     wire.STATUS_ERROR_UNAVAILABLE,  # a cluster member not knowing its shards yet: asked again
@@ -152,17 +138,10 @@ _GRANTING: Final = frozenset(
     {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
 )
 _RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
-_ANSWERED_OK: Final = frozenset(
-    {
-        Command.RELEASE,
-        Command.SEM_RELEASE,
-        Command.AUTH,
-        Command.PING,
-        Command.NOTE,
-        Command.HAND_DOWN,
-        Command.ASKING,
-    }
-)
+_ANSWERED_OK: Final = frozenset({
+    Command.RELEASE, Command.SEM_RELEASE, Command.AUTH, Command.PING, Command.NOTE,
+    Command.HAND_DOWN, Command.ASKING,
+})  # fmt: skip
 MAY_GRANT: Final = _GRANTING | {Command.ENQUEUE, Command.SEM_ENQUEUE}
 """The requests whose reply may be a grant (an enqueue's: ``acquired <token> <lease>``)."""
 _MOVABLE: Final = MAY_GRANT | {Command.FORCE_RELEASE}

@@ -21,17 +21,9 @@ from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client._sync.connection import Connection
 
 __all__ = [
-    "Background",
-    "Event",
-    "OpLock",
-    "PoolFace",
-    "PoolRenewer",
-    "RenewalDriver",
-    "background",
-    "call_back",
-    "gather",
-    "pause",
-]
+    "Background", "Event", "OpLock", "PoolFace", "PoolRenewer", "RenewalDriver", "background",
+    "call_back", "gather", "pause",
+]  # fmt: skip
 
 OpLock = threading.RLock
 """Reentrant: ``on_lost`` may run in a thread that holds it."""

@@ -4,26 +4,11 @@ it pickles, as Celery needs) that says what went wrong and what to do about it."
 from __future__ import annotations
 
 __all__ = [
-    "AlreadyQueued",
-    "AuthError",
-    "DflockError",
-    "ForceReleaseUnsupported",
-    "HoldsUnsupported",
-    "InvalidValueError",
-    "KeyHeld",
-    "LimitMismatchError",
-    "LockLost",
-    "LockNotAcquired",
-    "LockNotOwned",
-    "LockSkipped",
-    "MaxLocksError",
-    "MaxWaitersError",
-    "ProtocolError",
-    "ServerDraining",
-    "ServerReadOnly",
-    "ServerUnavailable",
-    "ShardingMismatchError",
-]
+    "AlreadyQueued", "AuthError", "DflockError", "ForceReleaseUnsupported", "HoldsUnsupported",
+    "InvalidValueError", "KeyHeld", "LimitMismatchError", "LockLost", "LockNotAcquired",
+    "LockNotOwned", "LockSkipped", "MaxLocksError", "MaxWaitersError", "ProtocolError",
+    "ServerDraining", "ServerReadOnly", "ServerUnavailable", "ShardingMismatchError",
+]  # fmt: skip
 
 
 class DflockError(Exception):

@@ -21,9 +21,6 @@ from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync_backend import RENEWAL_LINGER_S
 
 __all__ = [
-    "DEFAULT_MAX_IDLE_PER_SERVER",
-    "DEFAULT_MAX_IDLE_TIME_S",
-    "RENEWAL_LINGER_S",
-    "AsyncConnectionPool",
-    "ConnectionPool",
-]
+    "DEFAULT_MAX_IDLE_PER_SERVER", "DEFAULT_MAX_IDLE_TIME_S", "RENEWAL_LINGER_S",
+    "AsyncConnectionPool", "ConnectionPool",
+]  # fmt: skip

@@ -31,17 +31,9 @@ from typing import Final, Literal, Protocol, TypeGuard, cast, runtime_checkable
 from celery_dflock.client.errors import InvalidValueError
 
 __all__ = [
-    "CLUSTER",
-    "IdentityShardingStrategy",
-    "RendezvousShard",
-    "Routing",
-    "ShardingStrategy",
-    "rendezvous_shard",
-    "select_server",
-    "server_identity",
-    "stable_hash_shard",
-    "validate_servers",
-]
+    "CLUSTER", "IdentityShardingStrategy", "RendezvousShard", "Routing", "ShardingStrategy",
+    "rendezvous_shard", "select_server", "server_identity", "stable_hash_shard", "validate_servers",
+]  # fmt: skip
 
 ShardingStrategy = Callable[[str, int], int]
 """Maps ``(key, number_of_servers)`` to an index in ``range(number_of_servers)``."""

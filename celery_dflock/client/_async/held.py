@@ -63,20 +63,9 @@ class AsyncHolding:
     """What a lock object holds and how it keeps it, around its `LockCore`."""
 
     __slots__ = (
-        "_lost_event",
-        "_lost_event_guard",
-        "_on_lost",
-        "_pool",
-        "_releasing",
-        "_server",
-        "_server_at",
-        "_sessions",
-        "_waiting",
-        "conn",
-        "core",
-        "driver",
-        "op_lock",
-    )
+        "_lost_event", "_lost_event_guard", "_on_lost", "_pool", "_releasing", "_server",
+        "_server_at", "_sessions", "_waiting", "conn", "core", "driver", "op_lock",
+    )  # fmt: skip
 
     def __init__(
         self, core: LockCore, on_lost: Callable[[], object] | None, pool: AsyncConnectionPool | None
