@@ -8,8 +8,7 @@ the sharding strategies) are exported here and from `celery_dflock`; the errors 
         write(data, fence=lock.fence)      # renewed in the background while held
 
 The blocking face is generated from the asyncio one (``scripts/unasync.py``); the decisions
-live in the I/O-free `celery_dflock.client._core.LockCore`.
-"""
+live in the I/O-free `celery_dflock.client._core.LockCore`."""
 
 from __future__ import annotations
 

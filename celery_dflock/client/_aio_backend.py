@@ -8,8 +8,7 @@ notices a closed connection), `AsyncPoolFace` and `PoolRenewer` (what a pool add
 Here each held lock is renewed by an asyncio task of its own, dozing until the renewal is due.
 The connection's protocol hears the peer's close and wakes that task, which reattaches the
 lock at once. The renewal's request is shielded: cancelling the task (or a `renew` call) lets
-it finish, and a `release` that follows waits for it.
-"""
+it finish, and a `release` that follows waits for it."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ request's bytes and reads its reply, says whether an idle connection is still so
 closes (in a forked child only dropping its copy of the socket).
 
 A plain TCP `SocketTransport` keeps its socket non-blocking and waits with ``poll`` (three
-system calls per request, where socket timeouts cost six); TLS uses socket timeouts.
-"""
+system calls per request, where socket timeouts cost six); TLS uses socket timeouts."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ deadlines). The shells (`celery_dflock.client._async.lock` and its blocking twin
 bytes and run the renewal around it, so the two faces cannot drift.
 
 A lease of None asks for the server's default: requests then name no lease, except ``hl`` /
-``ht``, which take the default the server said in its ``hello``.
-"""
+``ht``, which take the default the server said in its ``hello``."""
 
 from __future__ import annotations
 

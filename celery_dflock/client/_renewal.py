@@ -5,8 +5,7 @@ A `Renewer` keeps a heap of renewals ordered by when each is due. One of its thr
 While it runs, another thread keeps time for the others: an idle one, else a new one, started
 only if every renewal under way has run over ``STALL_S``. So a silent server never holds up
 renewals elsewhere, and a burst of renewals does not start a thread each. Threads exit after
-``linger_s`` without work; a forked child starts from an empty schedule.
-"""
+``linger_s`` without work; a forked child starts from an empty schedule."""
 
 from __future__ import annotations
 

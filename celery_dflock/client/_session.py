@@ -7,8 +7,7 @@ the session, and its grants, once no keep-alive came for its time.
 
 The server cannot end a session before the send time of its last answered keep-alive plus its
 time: until then less `SESSION_MARGIN_S` its grants are surely held. Past that deadline the
-session is over for good, whatever a later answer says: a new one (a new id) takes its place.
-"""
+session is over for good, whatever a later answer says: a new one (a new id) takes its place."""
 
 from __future__ import annotations
 

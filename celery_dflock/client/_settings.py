@@ -2,8 +2,7 @@
 
 Every setting is checked once, where it enters (public constructors name the argument, the
 Celery layer its ``dflock_*`` setting); the frozen `ClientSettings` is passed down whole to
-every lock, which checks nothing again.
-"""
+every lock, which checks nothing again."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Here held locks are renewed from the long-lived threads of a `Renewer`
 (`celery_dflock.client._renewal`): the pool's, or a lock's own without a pool. The renewer's
 `ConnectionWatcher` notices at once when the server closes a held connection; its thread
-drops that connection (never mid-request) and moves the renewal to now, which reattaches.
-"""
+drops that connection (never mid-request) and moves the renewal to now, which reattaches."""
 
 from __future__ import annotations
 

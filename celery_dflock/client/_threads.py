@@ -3,8 +3,7 @@
 A signal goes to any thread that does not block it, and one of default action kills the
 process from any thread. In billiard's pool an ending child blocks SIGTERM in its main thread
 while holding a lock shared with the other children; a second SIGTERM taken by one of our
-threads would kill it with that lock held, and the pool would stop taking tasks.
-"""
+threads would kill it with that lock held, and the pool would stop taking tasks."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ reattaches then rather than at its next renewal.
 
 A `ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
 process; one readable with no request in flight (the server sends nothing unasked) runs its
-callback, which acts only if it can take the lock's operation lock at once.
-"""
+callback, which acts only if it can take the lock's operation lock at once."""
 
 from __future__ import annotations
 

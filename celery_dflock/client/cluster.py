@@ -4,8 +4,7 @@ ready for routing: a key's shard is ``fnv1a_32(key) % shard_count``, and its ser
 shard's *current* node, or its *target* while it has none.
 
 `fnv1a_32` is the server's hash, written again here so that the client needs nothing of the
-server's package; a test holds the two equal.
-"""
+server's package; a test holds the two equal."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ connections (closing only its copies of their sockets) and opens new ones.
 
 A blocking pool also carries the `Renewer` that renews the leases of the locks using it from
 one long-lived thread. An asyncio pool belongs to the event loop it is first used in. Without
-a pool (``pool=``), each lock opens its own connection and closes it on release.
-"""
+a pool (``pool=``), each lock opens its own connection and closes it on release."""
 
 from celery_dflock.client._async.pool import (
     DEFAULT_MAX_IDLE_PER_SERVER,

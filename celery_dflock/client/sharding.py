@@ -17,8 +17,7 @@ list only when no lock is held. Servers started with the same list (``--members`
 keys that are not theirs, so a client whose list disagrees gets a `ShardingMismatchError`.
 
 `CLUSTER` (``sharding_strategy="cluster"``): the servers are seeds of a cluster, which says
-where each key lives (`ClusterMap`); the client caches that map and follows its redirects.
-"""
+where each key lives (`ClusterMap`); the client caches that map and follows its redirects."""
 
 from __future__ import annotations
 

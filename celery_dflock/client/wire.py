@@ -2,8 +2,7 @@
 
 The lock server defines the same values for itself (``dflockd_server.constants``); the client
 keeps its own copy so that it needs no server code installed, and
-``tests/client/test_wire.py`` checks that the two agree.
-"""
+``tests/client/test_wire.py`` checks that the two agree."""
 
 from typing import Final
 

@@ -11,8 +11,7 @@ that ``scripts/unasync.py`` generates in ``_sync/``::
 
 The settings are checked once, here or by the Celery layer (`from_settings`), and passed down
 whole to each lock. A request by token is one request on a pooled connection to the key's
-server (`celery_dflock.client._async.routing`).
-"""
+server (`celery_dflock.client._async.routing`)."""
 
 from __future__ import annotations
 

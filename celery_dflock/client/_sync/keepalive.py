@@ -9,8 +9,7 @@ the deadline passes with no answer, the session is over: every lock held on it i
 its renewal reports the loss unless the server was found not running. A cluster member that cannot
 tell yet whether it serves the session's keys (``error_unavailable``: it lost etcd, or has just
 started) is asked again while the session runs. A server restarted without client sessions keeps
-none: the keep-alive stops, and each lock renews its grant by token on a connection of its own.
-"""
+none: the keep-alive stops, and each lock renews its grant by token on a connection of its own."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 
 The I/O-free `celery_dflock.client._core.LockCore` decides; a lock object carries it out:
 getting a grant, requests by token and letting go, routed to the key's server (following a
-cluster's redirects). Its holding (``held.py``) keeps the grant alive.
-"""
+cluster's redirects). Its holding (``held.py``) keeps the grant alive."""
 
 from __future__ import annotations
 
@@ -369,8 +368,7 @@ class LockBase:
         it is down; when it is silent, after the 10 s reply timeout, and a renewal then in flight
         first waits out its own), and the background keeps releasing by token while the lease runs.
         If the server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
-        fork child of the holder does nothing.
-        """
+        fork child of the holder does nothing."""
         holding, core = self._holding, self._core
         if holding.forked():
             return False
@@ -441,8 +439,7 @@ class DistributedLock(LockBase):
     parameters, in its order; ``pool`` shares connections and renewals between locks).
 
     ``sharding_strategy="cluster"``: ``servers`` are seeds of a cluster; ``router`` shares
-    one cached shard map between locks (else the lock fetches its own).
-    """
+    one cached shard map between locks (else the lock fetches its own)."""
 
     def __init__(  # noqa: PLR0917 - positional order is the dflockd client's
         self,

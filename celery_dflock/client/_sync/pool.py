@@ -33,8 +33,7 @@ class ConnectionPool:
     liveness check, and dropped (dead, too old, or over ``max_idle_per_server``), in this process.
     (The first connection to a server without ``hello`` costs one more, closed at once, which
     ``opened`` does not count.) The idle connections and counters are under a mutex (an asyncio pool
-    never holds it across an ``await``).
-    """
+    never holds it across an ``await``)."""
 
     def __init__(
         self,
