@@ -49,13 +49,11 @@ class EnqueueResult(str):
 
 ACQUIRED: Final = EnqueueResult("acquired")
 QUEUED: Final = EnqueueResult("queued")
-_ASK_AGAIN: Final = MappingProxyType(
-    {
-        wire.STATUS_ERROR_DRAINING: "the server is shutting down",
-        wire.STATUS_ERROR_UNAVAILABLE: "the cluster member cannot tell yet whether it serves "
-        "the key (starting, or cut off from etcd)",
-    }
-)
+_ASK_AGAIN: Final = MappingProxyType({
+    wire.STATUS_ERROR_DRAINING: "the server is shutting down",
+    wire.STATUS_ERROR_UNAVAILABLE: "the cluster member cannot tell yet whether it serves the key "
+    "(starting, or cut off from etcd)",
+})  # fmt: skip
 """The refusals of a renewal after which it reattaches and asks again (a restart may keep
 the lease; a cluster member may not know its shards yet), and what they mean."""
 
