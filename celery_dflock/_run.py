@@ -3,14 +3,12 @@
 
 `locked_run` is the whole path of a run: the message read (`Message`), the task's plan and
 key, the acquire (or the take-over of its publish-time hold), the body under the lost-lock
-guard, and the release. Its policies:
+guard, and the release. Its policies (what each option does: [Locked tasks](../locked-tasks.md)):
 
 * busy key (`contended`, `retry_countdown`): ``on_locked`` once the ``lock_timeout`` wait is
-  over (``"retry"`` with backoff and jitter, counted apart from Celery's retries; ``"skip"``;
-  ``"raise"``); a key in use with another ``lock_limit`` counts as busy;
-* lost lock (`RunGuard`): ``on_lock_lost`` (interrupt the body, flag it, or terminate the pool
-  child), the ``lock_lost`` signal and the log line;
-* the interrupt (`current_body`): raising `LockLost` in the running body from another thread
+  over, lock retries counted apart from Celery's; a key in use with another ``lock_limit`` is busy;
+* lost lock (`RunGuard`): ``on_lock_lost``, the ``lock_lost`` signal and the log line;
+* the interrupt (`current_body`): `LockLost` raised in the running body from another thread
   or greenlet, on each pool.
 
 Its other parts: `celery_dflock._runtime` (the task's plan, the process's client),
@@ -163,8 +161,6 @@ def locked_run(
     # A hold taken over for an acks_late message is not recorded, so a dead child's clean-up
     # does not release it: the redelivered message's run takes it over again.
     record = not (took_over and on_close_lease is not None)
-    # The body, with the lock held: recorded (on the request; with ``record``, in a pool
-    # child's held-lock records), guarded, and released however the body ends.
     mark_held(request, key, lock, options)
     if record and runtime.in_pool_child and message.task_id and (writer := runtime.held_writer()):
         guard.unrecord = writer.add(message.task_id, lock, options.limit)
@@ -267,9 +263,6 @@ def _autoretry(message: Message, exc: errors.DflockError) -> None:
     raise retried
 
 
-# ------------------------------------------------------------------ the busy-key policy (on_locked)
-
-
 def retry_countdown(retries: int, options: LockOptions) -> float:
     """The countdown of lock retry number ``retries + 1`` (backoff, cap, jitter)."""
     return backoff(
@@ -342,9 +335,6 @@ def contended(
     # Busy, so reached: an earlier outage is over (its budget starts afresh).
     extra = {OUTAGE_HEADER: None}
     raise resend(message, countdown=countdown, retries=done + 1, busy=busy, extra=extra)
-
-
-# --------------------------------------------------------------- the lost-lock guard (on_lock_lost)
 
 
 class _Interrupted(errors.LockLost):
@@ -433,14 +423,6 @@ class RunGuard:
             ) from None
 
 
-# ------------------------------------------------------------------------------------ the interrupt
-
-# prefork, threads, solo: the body runs in an OS thread; the exception is scheduled with
-# ``PyThreadState_SetAsyncExc``. gevent, eventlet: a greenlet (a thread id is a greenlet's
-# there); the exception is thrown into it from the hub and raised where the body yields.
-# The body may end before it lands: ``cancel`` drops it, and the caller raises `LockLost`.
-
-
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
     """Schedule ``exc`` in thread ``thread_id`` (None clears one); the threads changed."""
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -450,8 +432,9 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
 
 
 class _ThreadBody:
-    """A body running in an OS thread. ``interrupt`` schedules an exception in it (False: it
-    cannot be delivered); ``cancel``, as the body ends, drops one not delivered yet."""
+    """A body running in an OS thread (prefork, threads, solo). ``interrupt`` schedules an
+    exception in it (False: it cannot be delivered); ``cancel``, as the body ends, drops one not
+    delivered yet (the caller raises `LockLost` then)."""
 
     def __init__(self, thread_id: int) -> None:
         self._thread_id = thread_id
@@ -467,7 +450,9 @@ class _ThreadBody:
 
 
 class _GreenBody:
-    """A body running in a greenlet of gevent's or eventlet's hub (in this OS thread)."""
+    """A body running in a greenlet of gevent's or eventlet's hub (in this OS thread; a thread
+    id is a greenlet's there): the exception is thrown into it from the hub, and raised where
+    the body yields."""
 
     def __init__(self, greenlet: Any, schedule: Callable[[Callable[[], None]], object]) -> None:
         self._greenlet = greenlet
@@ -489,8 +474,7 @@ class _GreenBody:
         self._running = False
 
 
-BodyTarget = _ThreadBody | _GreenBody
-"""Where a running body can be interrupted."""
+BodyTarget = _ThreadBody | _GreenBody  # where a running body can be interrupted
 
 
 def current_body() -> BodyTarget:
