@@ -1,12 +1,12 @@
 # pyright: reportMissingTypeStubs=false
-"""Queue-once (``lock_from="publish"``): the publish-time hold and its hand-offs.
+"""Queue-once (``lock_from="publish"``): the publish-time hold and its hand-offs (its life:
+[Queue once](../queue-once.md#the-life-of-a-hold)).
 
-A task sent with ``lock_from="publish"`` takes a hold on its key before its message is
-published (`publish_hold`), bound to the publisher's connection until the broker took the
-message (`PublishHold.confirm` detaches it with its pending lease); a duplicate publish gets
-the holder's result instead (a `Follow` of the holder). The run adopts the hold (`take_over`),
-a retry hands it on (`retry_hand_off`), so does a ``Reject(requeue=True)`` to its requeued
-message (`hand_off_hold`), a revoke releases it (`celery_dflock.signals`), and
+`publish_hold` takes the hold before the message is published, bound to the publisher's
+connection until the broker took the message (`PublishHold.confirm` detaches it with its
+pending lease); a duplicate publish gets a `Follow` of the holder instead. The run adopts the
+hold (`take_over`); a retry (`retry_hand_off`) or a ``Reject(requeue=True)`` (`hand_off_hold`)
+hands it on to its next message; a revoke releases it (`celery_dflock.signals`), and
 ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 A follower (`run_follower`): a canvas member sent in a duplicate's place
@@ -117,8 +117,7 @@ def take_over(
     return False
 
 
-PUBLISH_LEASE_S: Final = 15
-"""Seconds a run waits for its own message's publisher to detach the hold (`take_over`)."""
+PUBLISH_LEASE_S: Final = 15  # a run's wait for its own message's publisher to detach the hold
 REDELIVERED_WAIT_S: Final = 5
 """Seconds a run waits for an earlier delivery of its message to let the hold go (`take_over`):
 a broker may redeliver before the lock server sees the dead run's connection close."""
@@ -131,8 +130,7 @@ class PublishHold:
 
     hold: Hold
     header: dict[str, str]
-    lease: int
-    """The lease the hold gets once its message is sent (``lock_pending_ttl``, or the delay)."""
+    lease: int  # the hold's once its message is sent (lock_pending_ttl, or the delay)
 
     def confirm(self, task: Any, task_id: str) -> None:
         """The message was sent: detach the hold with its pending lease (or log why not)."""
@@ -166,13 +164,11 @@ def publish_hold(
     expires: Any = None,
     in_canvas: bool = False,
 ) -> PublishHold | Follow | None:
-    """Take the publish-time hold of a message of ``task``; None: it is not sent under one. A
-    `Follow` when the key is held: send nothing and return the holder's result
-    (``on_duplicate="return"``), or, for a canvas member, send a follower in its place.
-
-    ``call``: (args, kwargs) as the run will see them. Raises `AlreadyQueued` for a duplicate
-    under ``on_duplicate="raise"``; a canvas member (``in_canvas``) gets a `Follow` whatever
-    the policy, whose follower fails at once when it would raise."""
+    """Take the publish-time hold of a message of ``task`` (``call``: (args, kwargs) as the run
+    will see them); None: it is not sent under one. The key held: a `Follow` of the holder (send
+    nothing, return its result: ``on_duplicate="return"``), `AlreadyQueued` raised
+    (``"raise"``), or, for a canvas member (``in_canvas``), whatever the policy, a `Follow` whose
+    follower is sent in its place (and fails at once where the publish would raise)."""
     app: Any = task._get_app()
     config, runtime, name = get_config(app), get_runtime(app), str(task.name)
     runs = runtime.task_runs(name)
@@ -327,11 +323,11 @@ def hand_off_hold(
     countdown: float | None = None,
     eta: Any = None,
 ) -> HoldRef | None:
-    """Hand the hold ``lock`` took over (``held``) on to a message, a retry's (due after
-    ``countdown`` or at ``eta``) or, with ``Reject(requeue=True)`` (acks_late), the same one
-    requeued (its `HOLD_HEADER` unchanged): detached with the longest pending lease the server
-    grants, for that message's run to take over: ``held``, or None when it cannot be kept: it is
-    released (or, the server unreachable, ends with its lease), and a warning says why."""
+    """Detach the hold ``lock`` took over (``held``) with the longest pending lease the server
+    grants, for the run of the next message to take over: a retry's (due after ``countdown`` or
+    at ``eta``), or this one requeued by ``Reject(requeue=True)`` (acks_late; its `HOLD_HEADER`
+    unchanged). ``held``, or None when it cannot be kept: released (or, the server unreachable,
+    left to its lease), with a warning."""
     leases = _pending_leases(options, countdown, eta, getattr(request, "expires", None))
     lease = leases[-1]
     try:
@@ -420,10 +416,7 @@ def _longest_granted(leases: tuple[int, ...], ask: Callable[..., _Asked]) -> tup
     return ask(lease_ttl=last), last
 
 
-# --------------------------------------------------------------------------------------- a follower
-
-_FOLLOW_GONE_HEADER: Final = "dflock_follow_gone"
-"""Set on a follower resent after it found its holder gone without a result."""
+_FOLLOW_GONE_HEADER: Final = "dflock_follow_gone"  # set on a follower resent, its holder gone
 
 
 def run_follower(message: Message, follow: Follow) -> Any:

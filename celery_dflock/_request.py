@@ -5,11 +5,9 @@ which its policies take whole. The lock a run holds is kept on its request (`mar
 `held_lock`); `resend` sends the message again (a lock retry, an outage retry, a follower's
 poll).
 
-The owner note, on each hold and run-time lock (`encode_note`:
-``<task id>/<host>/<pid>/<task name>``, each part percent-encoded, the last three only while
-a run holds the key; an older release's note stops after the host). A refused publish or
-acquire and ``celery dflock locks`` read the holder back (`decode_note`); the singleton beat's
-leader lock carries one too (`beat_note`).
+The owner note on each hold, run-time lock (`encode_note`) and beat's leader lock (`beat_note`),
+read back by a refused publish or acquire and ``celery dflock locks`` (`decode_note`); its form:
+[celery-dflock's owner notes](../protocol.md#celery-dflocks-owner-notes).
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ FOLLOW_HEADER: Final = "dflock_follow"
 """Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
 "error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 
-MAX_BACKOFF_EXPONENT: Final = 32
-"""The most doublings of a backoff (`backoff`)."""
+MAX_BACKOFF_EXPONENT: Final = 32  # the most doublings of a backoff
 
 
 def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> float:
@@ -52,8 +49,7 @@ def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> flo
     return pause / 2 + random.uniform(0, pause / 2) if jitter else pause
 
 
-Call = tuple[tuple[Any, ...], dict[str, Any]]
-"""A run's ``(args, kwargs)``."""
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a run's (args, kwargs)
 
 
 def mapping_of(value: object) -> Mapping[str, Any] | None:
@@ -169,13 +165,8 @@ class _EagerLockRetry:
         return self._signature.apply(**{**options, "retries": self._retries})
 
 
-# ---------------------------------------------------------- queue-once's headers and the owner note
-
-
-NOTE_MAX_BYTES: Final = 200
-"""The longest owner note the server stores (printable ASCII, no space)."""
-_NO_NOTE: Final = "_"
-"""What the server says for a holder that gave no note."""
+NOTE_MAX_BYTES: Final = 200  # the longest owner note the server stores (printable ASCII, no space)
+_NO_NOTE: Final = "_"  # what the server says for a holder that gave no note
 
 
 def encode_note(
@@ -201,8 +192,7 @@ def encode_note(
     return note if len(note) <= NOTE_MAX_BYTES else None
 
 
-_PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")
-"""Characters ``quote(part, safe="")`` leaves as they are, and ``@``."""
+_PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")  # what quote(part, safe="") keeps, and @
 
 
 def _quoted(part: str) -> str:
@@ -249,8 +239,7 @@ def _is_uuid(text: str | None) -> bool:
         return False
 
 
-_BEAT_PREFIX: Final = "beat:"
-"""The task part of a beat's owner note: ``beat:<pid>``."""
+_BEAT_PREFIX: Final = "beat:"  # the task part of a beat's owner note: beat:<pid>
 
 
 def beat_note(pid: int, host: str) -> str | None:
