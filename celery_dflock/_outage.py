@@ -1,27 +1,17 @@
 # pyright: reportMissingTypeStubs=false
-"""A lock server that cannot be reached is a busy key, not a failure.
+"""A lock server that cannot be reached is a busy key, not a failure: a run whose server is
+down, restarting, draining or handing over neither fails nor runs unlocked (what users see:
+[A lock-server outage](../locked-tasks.md#a-lock-server-outage)).
 
-A run whose lock server is down, restarting, draining or handing over (`ServerUnavailable`,
-`ServerDraining`, a wait cut by the server's restart) neither fails nor runs unlocked:
-
-1. In a worker, the first time its message meets the outage, it reconnects for at most
-   `OUTAGE_RECONNECT_S` (never past its ``lock_timeout``); if the server answers, it rejoins
-   the key's queue at once, near its place, and waits the rest of its ``lock_timeout``
-   (`OutageWait`).
-2. Otherwise the message is sent again with a countdown (`retry_outage`), under every
-   ``on_locked`` policy (an unreachable server says nothing of whether the key is busy). Its
-   budget is `OUTAGE_BUDGET_S` from when the outage was first met (`OUTAGE_HEADER`), apart
-   from ``lock_max_retries`` and Celery's ``max_retries``.
-3. Once the budget is spent, the run fails with a `ServerUnavailable` saying which server,
-   for how long, and what to do.
-
-Waiting out an outage in the slot would hold every slot for its whole ``lock_timeout`` and
-slow a warm shutdown; a message waiting for its countdown in the broker costs no slot. Only a
-restart already over is worth the short reconnect.
-
-A run called directly or eagerly has no message to send again: it reconnects within its whole
-``lock_timeout``, then fails. The worker's main process counts the outage retries it receives
-(`OutageCounter`, shown by ``celery dflock status``).
+In a worker, the first time its message meets the outage, a run reconnects for at most
+`OUTAGE_RECONNECT_S` (`OutageWait`); then its message is sent again with a countdown
+(`retry_outage`) under every ``on_locked`` policy, within `OUTAGE_BUDGET_S` from when the
+outage was first met (`OUTAGE_HEADER`), and fails with `ServerUnavailable` after it. Waiting
+out an outage in the slot would hold every slot for its whole ``lock_timeout`` and slow a warm
+shutdown; a message waiting for its countdown in the broker costs no slot: only a restart
+already over is worth the short reconnect. A run called directly or eagerly has no message to
+send again: it reconnects within its whole ``lock_timeout``. The worker's main process counts
+the outage retries it receives (`OutageCounter`).
 """
 
 from __future__ import annotations
@@ -44,8 +34,7 @@ OUTAGE_FIRST_COUNTDOWN_S: Final = 1.0
 OUTAGE_MAX_COUNTDOWN_S: Final = 30.0
 RECONNECT_FIRST_PAUSE_S: Final = 0.1
 RECONNECT_MAX_PAUSE_S: Final = 1.0
-OUTAGE_RECONNECT_S: Final = 2.0
-"""How long a run in a worker reconnects inside its pool slot (step 1 above)."""
+OUTAGE_RECONNECT_S: Final = 2.0  # how long a run in a worker reconnects inside its pool slot
 
 
 def server_state(exc: ServerUnavailable) -> str:
@@ -73,8 +62,7 @@ class OutageWait:
 
     @classmethod
     def for_run(cls, request: Any, started: float, wait_s: float) -> OutageWait:
-        """The wait of a run that began at ``started`` with a ``lock_timeout`` of ``wait_s``
-        (see the module documentation)."""
+        """The wait of a run that began at ``started`` with a ``lock_timeout`` of ``wait_s``."""
         deadline = started + wait_s
         if not (request.called_directly or request.is_eager):
             grace = OUTAGE_RECONNECT_S if outage_of(request) is None else 0.0

@@ -40,8 +40,6 @@ from celery_dflock.client.clients import Client
 from celery_dflock.config import DflockConfig, LockOptions, get_config, resolve_options
 from celery_dflock.keys import KeyBuilder
 
-# --------------------------------------------------------------------------- a task's plan
-
 
 def _same(a: object, b: object) -> bool:
     """The same object, or the same bound method (a new object at every attribute access)."""
@@ -146,13 +144,9 @@ def options_for(
     return plan.options
 
 
-# --------------------------------------------------------------------------- held-lock records
-
-
 _RECORD_SUFFIX: Final = ".held"
 _PARTIAL_SUFFIX: Final = ".tmp"
-CHILD_EXIT_WAIT_S: Final = 10.0
-"""How long the main process waits for a child to exit before it releases the child's lock."""
+CHILD_EXIT_WAIT_S: Final = 10.0  # waited for a lost child to exit before its locks are released
 
 AnyLock = DistributedLock | DistributedSemaphore
 Servers = tuple[tuple[str, int], ...]
@@ -220,10 +214,9 @@ class HeldRecords:
 
     @classmethod
     def left_by_earlier_versions(cls) -> list[HeldRecords]:
-        """Records directories named as before they named their servers
-        (``celery-dflock-<uid>-<pid>``) whose worker and every pool child that wrote a file in
-        them are gone: nothing reads them, and their servers cannot be known (what they
-        record ends with its sessions), so they are only to be removed."""
+        """Records directories of the naming without servers (``celery-dflock-<uid>-<pid>``)
+        whose worker and every pool child that wrote in them are gone: their servers unknown
+        (what they record ends with its sessions), they are only to be removed."""
         found: list[HeldRecords] = []
         for path in _left_by_gone(f"celery-dflock-{os.getuid()}-"):
             try:
@@ -350,8 +343,6 @@ class HeldWriter:
                 with contextlib.suppress(OSError):
                     os.unlink(self.path)
 
-
-# --------------------------------------------------------------------------- the runtime
 
 _RUNTIME_ATTR: Final = "_dflock_runtime"
 

@@ -41,9 +41,7 @@ logger: Any = get_logger("celery_dflock.signals")
 
 _HOOKS_ATTR: Final = "_dflock_hooks"
 
-OUTAGES_COMMAND: Final = "dflock_outages"
-"""The worker's inspect command (``celery inspect dflock_outages``, and
-``celery dflock status --workers``)."""
+OUTAGES_COMMAND: Final = "dflock_outages"  # an inspect command: `celery dflock status --workers`
 WATCH_FIRST_PAUSE_S: Final = 1.0
 WATCH_MAX_PAUSE_S: Final = 15.0
 
