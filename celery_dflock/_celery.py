@@ -1,6 +1,6 @@
 # pyright: reportMissingTypeStubs=false, reportUnknownVariableType=false, reportUnknownMemberType=false
 """Celery's objects as the integration uses them, typed ``Any``: the one place where Celery's
-untyped names enter the strictly typed package."""
+untyped names enter the strictly typed package; and the two loggers a run writes to."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ from celery.utils.log import get_logger as _get_logger, get_task_logger as _get_
 from celery.utils.time import get_exponential_backoff_interval as _backoff_interval
 from celery.worker.control import inspect_command as _inspect_command
 
-BaseTask: Final[Any] = _Task
-"""``celery.Task``, for calling its methods from overrides."""
+BaseTask: Final[Any] = _Task  # for calling celery.Task's methods from overrides
 signals: Final[Any] = _signals
 Signal: Final[Any] = _Signal
-task_stack: Final[Any] = _stack
-"""Celery's stack of running tasks (``current_task``), pushed by direct calls."""
+task_stack: Final[Any] = _stack  # Celery's running tasks (current_task), pushed by direct calls
 Reject: Final[Any] = _exceptions.Reject
 Retry: Final[Any] = _exceptions.Retry
 backoff_interval: Final[Any] = _backoff_interval

@@ -2,17 +2,15 @@
 
 Signals (``celery.utils.dispatch.Signal``, connect as with Celery's own):
 
-* :data:`lock_lost` -- ``sender`` is the task; keyword arguments ``task_id``,
-  ``key``, ``lock`` (the client lock, ``lock.fence`` its fencing token) and
-  ``policy`` (the ``on_lock_lost`` applied). Sent from the renewal thread.
-* :data:`lock_skipped` -- ``sender`` is the task; ``task_id``, ``key``,
-  ``args``, ``kwargs``, ``holder`` (the task id holding the key, or None when it
-  left none): a run was dropped by ``on_locked="skip"``.
+* :data:`lock_lost` (sent from the renewal thread) -- ``sender``: the task; keyword arguments
+  ``task_id``, ``key``, ``lock`` (the client lock, ``lock.fence`` its fencing token) and
+  ``policy`` (the ``on_lock_lost`` applied).
+* :data:`lock_skipped` (a run dropped by ``on_locked="skip"``) -- ``sender``: the task;
+  ``task_id``, ``key``, ``args``, ``kwargs``, ``holder`` (the holder's task id; None: it left none).
 
-:func:`install` connects the worker hooks for one app. ``LockedTask`` calls it
-when it is bound to an app, so an app using ``LockedTask`` needs nothing
-more; an app that locks tasks only through ``dflock_task_locks`` calls
-``celery_dflock.signals.install(app)`` once. The hooks:
+:func:`install` connects the worker hooks for one app. A ``LockedTask`` calls it when it is bound
+to an app, so only an app that locks tasks through ``dflock_task_locks`` alone calls
+``celery_dflock.signals.install(app)`` (once). The hooks:
 
 * ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``.
 * ``worker_ready`` (once the worker logs): clean up the held-lock records of workers that died
@@ -21,11 +19,10 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
   cannot reach, and leases above the longest the servers grant.
 * ``task_received``: count a message sent again for a lock-server outage, and watch the
   servers until they answer.
-* ``worker_process_init`` / ``worker_process_shutdown`` / ``worker_shutdown``: a fresh
-  client in each prefork child; close it.
-* ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``, and
-  ``task_revoked`` with ``terminated=True``: once the child that ran the task has exited,
-  release what it held.
+* ``worker_process_init`` / ``worker_process_shutdown`` / ``worker_shutdown``: a fresh client in
+  each prefork child; close it.
+* ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``, ``task_revoked``
+  with ``terminated=True``: release what the child that ran the task held, once it has exited.
 * ``task_revoked`` without ``terminated`` (a message dropped before it runs): release the
   publish-time hold it names, so its key is free at once.
 """

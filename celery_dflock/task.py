@@ -3,8 +3,8 @@
 
 The lock is taken in the worker when the task *executes* (in ``__call__``, where a refusal
 can still stop the run), renewed by a thread while the body runs, and released on every way
-the run ends (the run: `celery_dflock._run`). The options and examples: docs/locked-tasks.md
-and docs/reference/settings.md.
+the run ends (the run: `celery_dflock._run`). The options and examples: [Locked
+tasks](../locked-tasks.md) and the [settings reference](../reference/settings.md).
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ class LockedRequest(CeleryRequest):
         return cast("Any", CeleryRequest).on_failure(self, exc_info, *args, **kwargs)
 
 
-_OWN_CALL: Final = "_dflock_own_call"
-"""Where `LockedTask.__init_subclass__` keeps a task class's own ``__call__``."""
+_OWN_CALL: Final = "_dflock_own_call"  # where __init_subclass__ keeps a class's own __call__
 
 
 class LockedTask(Task):
@@ -72,8 +71,7 @@ class LockedTask(Task):
     per call (``apply_async(..., lock_timeout=5)``) or app-wide (``app.conf.dflock_*``).
     """
 
-    # Every lock option (None: not set here); each is a row of
-    # `celery_dflock._settings.LOCK_OPTION_SPECS`.
+    # The lock options (None: not set here), a row each of `_settings.LOCK_OPTION_SPECS`.
     lock_key: ClassVar[str | Callable[..., str] | None] = None
     lock_timeout: ClassVar[float | None] = None
     lock_ttl: ClassVar[int | None] = None
@@ -97,10 +95,9 @@ class LockedTask(Task):
         owner = next(k for k in cls.__mro__ if "lock_key" in vars(k))
         key: object = vars(owner)["lock_key"]
         if isinstance(key, FunctionType) and key.__qualname__ != f"{owner.__qualname__}.lock_key":
-            # A function given as ``@app.task(lock_key=function)`` (Celery puts its options in
-            # the task's class) or set as a class attribute, here or inherited: in a class a
-            # function is a method, but the key takes the task's arguments, not the task. A
-            # ``def lock_key(self, ...)`` written in the class stays a method.
+            # A function set as a class attribute, here or inherited (Celery puts the options of
+            # ``@app.task(lock_key=f)`` in the task's class), takes the task's arguments, not the
+            # task: no method. A ``def lock_key(self, ...)`` written in the class stays one.
             cls.lock_key = cast("Any", staticmethod(key))
         cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
         run: Any = cls.__dict__.get("run")
@@ -335,9 +332,7 @@ class LockedTask(Task):
 
     @property
     def _base(self) -> Any:
-        """The task's methods after `LockedTask`'s: a project's task class's own (the app's
-        ``task_cls``; the task's own class, which ``dflock_task_locks`` puts after it), else
-        Celery's."""
+        """The methods after `LockedTask`'s in the MRO: a project's task class's, or Celery's."""
         return super()
 
     @property
