@@ -1,6 +1,6 @@
 """Per-process state of the Celery integration, kept on the app (never at module level).
 
-:class:`Runtime` -- one per process and app: the app's `Client` (made after fork, so a pool
+`Runtime` -- one per process and app: the app's `Client` (made after fork, so a pool
 child never shares its parent's), whether this process is a prefork pool child, what the runs
 of each task reuse (`TaskRuns`: whether they are locked, their options and `KeyBuilder`,
 worked out once while the config and every lock attribute stay the same objects), and where
@@ -403,7 +403,7 @@ class Runtime:
 
 
 def get_runtime(app: object) -> Runtime:
-    """This process's :class:`Runtime` for ``app`` (a fresh one after a fork)."""
+    """This process's `Runtime` for ``app`` (a fresh one after a fork)."""
     runtime = getattr(app, _RUNTIME_ATTR, None)
     if isinstance(runtime, Runtime) and runtime.pid == os.getpid():
         return runtime

@@ -2,14 +2,14 @@
 
 Signals (``celery.utils.dispatch.Signal``, connect as with Celery's own):
 
-* :data:`lock_lost` (sent from the renewal thread) -- ``sender``: the task; keyword arguments
+* `lock_lost` (sent from the renewal thread) -- ``sender``: the task; keyword arguments
   ``task_id``, ``key``, ``lock`` (the client lock, ``lock.fence`` its fencing token) and
   ``policy`` (the ``on_lock_lost`` applied).
-* :data:`lock_skipped` (a run dropped by ``on_locked="skip"``) -- ``sender``: the task;
+* `lock_skipped` (a run dropped by ``on_locked="skip"``) -- ``sender``: the task;
   ``task_id``, ``key``, ``args``, ``kwargs``, ``holder`` (the holder's task id; None: it left none).
 
-:func:`install` connects the worker hooks for one app. A ``LockedTask`` calls it when it is bound
-to an app, so only an app that locks tasks through ``dflock_task_locks`` alone calls
+`install` connects the worker hooks for one app. A ``LockedTask`` calls it when it is bound to
+an app, so only an app that locks tasks through ``dflock_task_locks`` alone calls
 ``celery_dflock.signals.install(app)`` (once). The hooks:
 
 * ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``.
