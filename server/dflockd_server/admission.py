@@ -38,13 +38,11 @@ class Admission:
         self.config = config
         self._draining = draining
         self.connections: set[Connection] = set()
-        self.per_ip: dict[str, int] = {}
-        """The admitted connections of each client address."""
+        self.per_ip: dict[str, int] = {}  # the admitted connections of each client address
         self.shares: AddressShares | None = None
         """What each address holds, in the table (``share_table``); None: no cap."""
         self.ip_cap_logged: dict[str, float] = {}
-        self.open_transports = 0
-        """Transports made and not yet lost, admitted or refused."""
+        self.open_transports = 0  # transports made and not yet lost, admitted or refused
         self.connections_accepted = 0
         self.connections_refused = 0
         self.handshaking: dict[Stream, None] = {}

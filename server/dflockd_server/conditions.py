@@ -12,10 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Final
 
-ERROR: Final = "error"
-"""The server grants nothing new until it is over (a script checking it should fail)."""
-WARNING: Final = "warning"
-"""Some keys cannot be granted for a while; the server goes on by itself."""
+ERROR: Final = "error"  # nothing new granted until it is over (a script checking it should fail)
+WARNING: Final = "warning"  # some keys cannot be granted for a while; the server goes on by itself
 
 
 @dataclass(frozen=True, slots=True)

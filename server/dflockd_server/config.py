@@ -89,8 +89,7 @@ class Config:
     max_connections_per_ip: int = c.DEFAULT_MAX_CONNECTIONS_PER_IP
     max_waiters: int = c.DEFAULT_MAX_WAITERS
     max_locks_per_connection: int = c.DEFAULT_MAX_LOCKS_PER_CONNECTION
-    max_locks_per_ip: int | None = None
-    """None: ``auto`` (``locks_per_ip``)."""
+    max_locks_per_ip: int | None = None  # None: `auto` (`locks_per_ip`)
     max_waits_per_connection: int = c.DEFAULT_MAX_WAITS_PER_CONNECTION
     write_timeout_s: float = c.DEFAULT_WRITE_TIMEOUT_S
     shutdown_timeout_s: float = c.DEFAULT_SHUTDOWN_TIMEOUT_S
@@ -101,8 +100,7 @@ class Config:
     tls_handshake_timeout_s: float = c.DEFAULT_TLS_HANDSHAKE_TIMEOUT_S
     max_tls_handshakes: int = c.DEFAULT_MAX_TLS_HANDSHAKES
     fence_state_file: str | None = None
-    state_dir: str | None = None
-    """None: the default by address (none on port 0); ``"none"``: no state (``state``)."""
+    state_dir: str | None = None  # None: the address's default (none on port 0); "none": no state
     journal_fsync: str = c.DEFAULT_JOURNAL_FSYNC
     log_level: str = c.DEFAULT_LOG_LEVEL
     event_loop: str = c.DEFAULT_EVENT_LOOP

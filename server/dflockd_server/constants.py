@@ -4,14 +4,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-# ---------------------------------------------------------------- default settings
 DEFAULT_HOST: Final = "0.0.0.0"
 DEFAULT_PORT: Final = 6388
 DEFAULT_LEASE_TTL_S: Final = 33
-DEFAULT_MAX_LEASE_TTL_S: Final = 300
-"""Longest lease a request may ask for: it bounds the restart grace (``grace``)."""
-DEFAULT_CLUSTER_LEASE_TTL_S: Final = 5
-"""A cluster member's etcd lease: a dead member is noticed within about this."""
+DEFAULT_MAX_LEASE_TTL_S: Final = 300  # the longest lease allowed: it bounds the restart grace
+DEFAULT_CLUSTER_LEASE_TTL_S: Final = 5  # a member's etcd lease: a dead one is noticed in about this
 DEFAULT_LEASE_SWEEP_INTERVAL_S: Final = 1.0
 DEFAULT_GC_INTERVAL_S: Final = 5.0
 DEFAULT_GC_MAX_IDLE_S: Final = 60.0
@@ -21,14 +18,12 @@ DEFAULT_AUTO_RELEASE_ON_DISCONNECT: Final = True
 DEFAULT_MAX_CONNECTIONS: Final = 4096
 """A fleet of hundreds of workers fits many times over; a flood stops here, not at the
 open-file limit."""
-FD_HEADROOM: Final = 64
-"""Open files kept beyond ``max_connections`` (listeners, event loop, state files, metrics)."""
+FD_HEADROOM: Final = 64  # fds beyond `max_connections`: listeners, event loop, state files, metrics
 DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
 LOCKS_PER_IP_AUTO_SHARE: Final = (3, 4)
 """``--max-locks-per-ip auto``: the share of ``--max-locks`` one client address may take."""
-NO_CAP: Final = 1 << 62
-"""A cap no count reaches (a cap of 0 where a comparison is cheaper than a test)."""
+NO_CAP: Final = 1 << 62  # a cap no count reaches: no cap, where a comparison is cheaper than a test
 DEFAULT_MAX_LOCKS_PER_CONNECTION: Final = 64
 DEFAULT_MAX_WAITS_PER_CONNECTION: Final = 64
 DEFAULT_WRITE_TIMEOUT_S: Final = 5.0
@@ -40,27 +35,18 @@ DEFAULT_EVENT_LOOP: Final = "auto"
 JOURNAL_FSYNC_MODES: Final = ("always", "everysec", "no")
 DEFAULT_JOURNAL_FSYNC: Final = "everysec"
 
-# ---------------------------------------------------------------- framing limits
-MAX_LINE_BYTES: Final = 256
-"""Longest request line (before its newline) the server accepts."""
-MAX_AUTH_LINE_BYTES: Final = 65536
-"""Longest argument line of an ``auth`` request."""
-MAX_NUMBER: Final = 9_000_000_000
-"""Numbers (seconds, limits) above this are refused as malformed."""
-QUICK_NUMBERS: Final = 1001
-"""0 to 1,000 are read from a table built at import, not digit by digit."""
+MAX_LINE_BYTES: Final = 256  # longest request line (before its newline) the server accepts
+MAX_AUTH_LINE_BYTES: Final = 65536  # longest argument line of an `auth` request
+MAX_NUMBER: Final = 9_000_000_000  # numbers (seconds, limits) above this are refused as malformed
+QUICK_NUMBERS: Final = 1001  # 0 to 1,000 are read from a table built at import, not digit by digit
 MAX_SEMAPHORE_LIMIT: Final = 1_048_576
 MIN_SEMAPHORE_LIMIT: Final = 1
-PLACEHOLDER: Final = "_"
-"""Sent in place of an unused key or argument (``auth``, ``stats``, ``ping``)."""
+PLACEHOLDER: Final = "_"  # sent in place of an unused key or argument (`auth`, `stats`, `ping`)
 
-# ---------------------------------------------------------------- tokens / fences
 TOKEN_HEX_CHARS: Final = 32
-FENCE_HEX_CHARS: Final = 16
-"""A token's first 16 hex characters are its fencing counter."""
+FENCE_HEX_CHARS: Final = 16  # a token's first 16 hex characters are its fencing counter
 FENCE_MAX: Final = (1 << 64) - 1
 
-# ---------------------------------------------------------------- commands
 CMD_LOCK: Final = "l"
 CMD_RENEW: Final = "n"
 CMD_RELEASE: Final = "r"
@@ -76,30 +62,20 @@ CMD_STATS: Final = "stats"
 CMD_PING: Final = "ping"
 CMD_HELLO: Final = "hello"
 CMD_SHARDS: Final = "shards"
-CMD_HOLD: Final = "hl"
-"""An acquire with an owner note, bound to the connection or detached (docs/protocol.md)."""
+CMD_HOLD: Final = "hl"  # an acquire with an owner note, bound to the connection or detached
 CMD_NOTE: Final = "note"
-CMD_TAKE: Final = "ht"
-"""Take over: bind a detached lock grant to this connection."""
-CMD_HAND_DOWN: Final = "hd"
-"""Hand down: detach a lock grant from its connection."""
+CMD_TAKE: Final = "ht"  # take over: bind a detached lock grant to this connection
+CMD_HAND_DOWN: Final = "hd"  # hand down: detach a lock grant from its connection
 CMD_ASKING: Final = "asking"
-CMD_FORCE_RELEASE: Final = "fr"
-"""An operator's force release: free every grant on the key, whoever holds it."""
+CMD_FORCE_RELEASE: Final = "fr"  # force release: every grant on the key freed, whoever holds it
 HOLD_MODE_CONNECTION: Final = "c"
 HOLD_MODE_DETACHED: Final = "d"
-MAX_NOTE_BYTES: Final = 200
-"""Longest owner note: printable ASCII bytes, ``!``..``~``."""
-ON_CLOSE_RELEASE: Final = "r"
-"""``ht``'s ``<onclose>`` that releases at the close (an integer N detaches for N s)."""
-NO_NOTE: Final = "_"
-"""The note a ``timeout`` reply to ``hl`` names when the holder gave none."""
+MAX_NOTE_BYTES: Final = 200  # longest owner note: printable ASCII bytes, `!`..`~`
+ON_CLOSE_RELEASE: Final = "r"  # `ht`'s `<onclose>` to release at the close (N: detach for N s)
+NO_NOTE: Final = "_"  # the note a `timeout` reply to `hl` names when the holder gave none
 
-# ---------------------------------------------------------------- hello
-SERVER_NAME: Final = "dflockd-server"
-"""The ``server`` field of the ``hello`` reply."""
-SERVER_VERSION: Final = "0.2.0"
-"""``celery-dflock`` of the same version depends on exactly this one."""
+SERVER_NAME: Final = "dflockd-server"  # the `server` field of the `hello` reply
+SERVER_VERSION: Final = "0.2.0"  # `celery-dflock` of the same version depends on exactly this one
 # Features ``hello`` lists (docs/protocol.md).
 FEATURE_FENCE: Final = "fence"
 FEATURE_PING: Final = "ping"
@@ -114,14 +90,10 @@ FEATURE_DURABLE: Final = "durable"
 FEATURE_HOLDS: Final = "holds"
 FEATURE_ASK: Final = "ask"
 FEATURE_FORCE_RELEASE: Final = "force_release"
-FEATURE_READ_ONLY: Final = "read_only"
-"""Listed with ``durable``."""
-FEATURE_SESSION: Final = "session"
-"""Listed unless ``--session-ttl`` is 0."""
-HELLO_SESSION: Final = "session"
-"""The argument of ``hello`` that opts the connection in to sessions."""
-FEATURE_KEEPALIVE: Final = "keepalive"
-"""Client sessions; listed with ``session``."""
+FEATURE_READ_ONLY: Final = "read_only"  # listed with `durable`
+FEATURE_SESSION: Final = "session"  # listed unless `--session-ttl` is 0
+HELLO_SESSION: Final = "session"  # the argument of `hello` that opts the connection in to sessions
+FEATURE_KEEPALIVE: Final = "keepalive"  # client sessions; listed with `session`
 SESSION_ID_CHARS: Final = frozenset(
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_"
 )
@@ -135,7 +107,6 @@ FEATURES: Final = (
 )  # fmt: skip
 """What ``hello`` lists, in this order (beyond every dflockd's ``l``, ``n``, ``r``)."""
 
-# ---------------------------------------------------------------- reply statuses
 STATUS_OK: Final = "ok"
 STATUS_ACQUIRED: Final = "acquired"
 STATUS_QUEUED: Final = "queued"
@@ -155,17 +126,11 @@ STATUS_ERROR_ASK: Final = "error_ask"
 STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
 STATUS_ERROR_READ_ONLY: Final = "error_read_only"
 
-# ---------------------------------------------------------------- ownership (shards)
-MODE_SINGLE: Final = "single"
-"""Serves every key."""
-MODE_STATIC: Final = "static"
-"""Serves the keys the crc32 strategy over ``--members`` gives to ``--advertise``."""
-MODE_CLUSTER: Final = "cluster"
-"""Serves the keys whose shard (in etcd's shard map) is currently its own."""
-STRATEGY_CRC32: Final = "crc32"
-"""A static server's strategy: ``zlib.crc32(key) % len(members)``."""
-HASH_FNV1A32: Final = "fnv1a32"
-"""A cluster server's key hash: FNV-1a 32 of the UTF-8 key."""
+MODE_SINGLE: Final = "single"  # serves every key
+MODE_STATIC: Final = "static"  # serves the keys crc32 over `--members` gives to `--advertise`
+MODE_CLUSTER: Final = "cluster"  # serves the keys whose shard (in etcd's shard map) is its own now
+STRATEGY_CRC32: Final = "crc32"  # a static server's strategy: `zlib.crc32(key) % len(members)`
+HASH_FNV1A32: Final = "fnv1a32"  # a cluster server's key hash: FNV-1a 32 of the UTF-8 key
 CLUSTER_SCHEME: Final = "etcd"
 CLUSTER_TLS_SCHEME: Final = "etcds"
 DEFAULT_CLUSTER_PREFIX: Final = "/dflockd"
@@ -177,13 +142,11 @@ CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
 })  # fmt: skip
 """``dflockd COMMAND --cluster URL ...`` (``cluster.ops``): each one's arguments and meaning."""
 
-# ---------------------------------------------------------------- server internals
 STATS_DUTY_FACTOR: Final = 9.0
 """The next ``stats`` snapshot waits this many times what the last took: a stats flood takes
 at most a tenth of the server's time (``snapshots``)."""
 STATS_ANSWERS_PER_TURN: Final = 4
-AUTH_FAILURE_DELAY_S: Final = 0.5
-"""Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
+AUTH_FAILURE_DELAY_S: Final = 0.5  # the pause before a wrong secret's `error_auth` (slows guessing)
 WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024
 """Unsent reply bytes past which a connection counts as not reading: reading it pauses and the
 write timeout starts."""
@@ -194,8 +157,7 @@ connections that never read pin much kernel memory before reaching
 ``WRITE_BUFFER_HIGH_WATER``."""
 MAX_PIPELINE_BUFFER: Final = 64 * 1024
 """Pipelined request bytes buffered behind a blocking one before reading pauses."""
-MAX_REQUESTS_PER_PASS: Final = 128
-"""Requests answered for one connection before the loop turns to the others."""
+MAX_REQUESTS_PER_PASS: Final = 128  # requests answered per connection before the loop serves others
 JOURNAL_LONE_TURNS: Final = 16
 """Group writes in a row that each held back only one connection's replies, after which it
 writes the journal itself (``stream.GroupWrite``)."""
@@ -207,8 +169,7 @@ long, doubled at each further one up to ``FRAGMENT_READ_DELAY_MAX_S``, jittered,
 completed request: a dripping sender is read in batches."""
 FRAGMENT_READ_DELAY_MAX_S: Final = 1.0
 BACKLOG: Final = 1024
-STOP_SETTLE_S: Final = 1.0
-"""How long ``stop()`` waits for closed connections' transports to report closed."""
+STOP_SETTLE_S: Final = 1.0  # how long `stop()` waits for closed connections' transports to say so
 STOP_SETTLE_POLL_S: Final = 0.001
 DRAIN_POLL_S: Final = 0.01
 METRICS_LATENCY_BUCKETS_S: Final = (
@@ -220,10 +181,8 @@ METRICS_SCRAPE_TIMEOUT_S: Final = 5.0
 METRICS_MAX_HTTP_CONNECTIONS: Final = 16
 """Most connections the metrics port serves at once; it closes others at once, so clients that
 never finish a request cannot take the lock server's open files (or threads)."""
-METRICS_HTTP_TIMEOUT_S: Final = 10.0
-"""A metrics-port connection silent this long is closed."""
-FENCE_PERSIST_BLOCK: Final = 1 << 20
-"""The fence state file records a ceiling this many grants ahead of the counter."""
+METRICS_HTTP_TIMEOUT_S: Final = 10.0  # a metrics-port connection silent this long is closed
+FENCE_PERSIST_BLOCK: Final = 1 << 20  # the ceiling stored is this many grants ahead of the counter
 
 DOCS_URL: Final = "https://github.com/celery-dflock/celery-dflock/blob/main/docs"
 PROTOCOL_DOCS_URL: Final = f"{DOCS_URL}/protocol.md"

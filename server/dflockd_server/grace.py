@@ -77,10 +77,8 @@ def grace_left(path: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class GraceDecision:
-    seconds: float
-    """How long after the start no key is granted (0: none)."""
-    why: str
-    """Why, in the user's terms, for the start-up log."""
+    seconds: float  # how long after the start no key is granted (0: none)
+    why: str  # why, in the user's terms, for the start-up log
 
 
 def decide_grace(

@@ -47,13 +47,10 @@ class Grants:
         note_lease: Callable[[int], int] | None,
         lease_noted: int,
     ) -> None:
-        self.asking = False
-        """The request under way follows an ``asking``: ``asked_check`` decides for it."""
+        self.asking = False  # the request under way follows an `asking` (`asked_check` decides)
         self.journal = journal
-        self.note_lease = note_lease
-        """Persists a longer lease bound before a grant (``raise_bound``); may raise."""
-        self.lease_noted = lease_noted
-        """Leases up to this long need no ``note_lease`` call."""
+        self.note_lease = note_lease  # records a longer lease bound before a grant; may raise
+        self.lease_noted = lease_noted  # leases up to this long need no `note_lease` call
         self.asked_check: Callable[[str], bytes | None] | None = None
         self.grant_check: Callable[[str], bytes | None] | None = None
         """The ownership check (None: every key is served), asked before a queued waiter is
@@ -67,16 +64,14 @@ class Grants:
         self.keys: dict[str, Entry] = {}
         self.idle = IdleLog()
         self.leases = LeaseIndex()
-        self.wakes: list[Waiter] = []
-        """Waiters granted by the change under way, announced by ``flush`` once it is done."""
+        self.wakes: list[Waiter] = []  # granted by the change under way, woken by `flush` once done
         self.stalled: set[str] = set()
         """Keys with a free slot whose first waiter could be issued no token yet (``fill``)."""
         self.held_back: set[str] = set()
         """Keys whose waiters ``grant_check`` kept from promotion (a cluster member's shard
         while its fence is raised). Nothing else wakes either kind once it could be granted:
         both are filled again at each lease sweep (``fill_again``)."""
-        self.detached = Client(0)
-        """The owner of detached holds (connections are numbered from 1)."""
+        self.detached = Client(0)  # the owner of detached holds (connections are numbered from 1)
         self.restored = Client(-1)
         """The owner of restored connection-bound grants until one renews them (closed: ``ht``
         may take them over)."""
@@ -126,7 +121,6 @@ class Grants:
                 f"stopped serving {key!r} while recording a longer lease; nothing granted"
             )
 
-    # ------------------------------------------------------------------ granting, queueing, freeing
     def check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
         """Refuse (``MaxLocks``) a client whose holds plus queued waits reach its cap.
         ``state``: the key about to be granted or queued on (logged idle on a refusal)."""
@@ -423,7 +417,6 @@ class Grants:
                 if waiter.wake is not None:
                     waiter.wake(waiter)
 
-    # ------------------------------------------------------------------ a grant's owner
     def move(
         self,
         holder: Holder,
@@ -473,7 +466,6 @@ class Grants:
             client.detach_at_close(moved, on_close)
         return moved
 
-    # ------------------------------------------------------------------ look-ups
     def holder_of(self, key: str, token: str) -> Holder | None:
         """The live grant ``token`` holds on ``key``, or ``None``."""
         entry = self.keys.get(key)

@@ -74,10 +74,8 @@ __all__ = ["Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc
 
 log = logging.getLogger("dflockd_server")
 
-COMPACT_MIN_BYTES = 4 * 1024 * 1024
-"""Compact past this size and four times what the live grants take."""
-_LIVE_RECORD_BYTES = 128
-"""About what one live grant's record takes (for ``wants_compaction``)."""
+COMPACT_MIN_BYTES = 4 * 1024 * 1024  # compact past this and four times what the live grants take
+_LIVE_RECORD_BYTES = 128  # about what one live grant's record takes (for `wants_compaction`)
 _crc32: Final = zlib.crc32  # bound once: compiled, a static, not a look-up per record
 _write: Final = os.write
 _HEX: Final = tuple(b"%02x" % i for i in range(256))
@@ -146,10 +144,8 @@ class JournalStats:
     writes: int = 0
     fsyncs: int = 0
     compactions: int = 0
-    write_failures: int = 0
-    """Episodes in which it could not be written."""
-    refused_grants: int = 0
-    """Grants of a batch that could not be written: undone, their replies refused."""
+    write_failures: int = 0  # episodes in which it could not be written
+    refused_grants: int = 0  # grants of a batch not written: undone, their replies refused
 
 
 class Journal:
@@ -186,24 +182,16 @@ class Journal:
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
         self._write: Callable[[int, bytes | memoryview], int] = _write if write is None else write
-        self._clocks = clocks
-        """What ``anchor`` reads: (wall ms, monotonic ms, lifetime); None: this machine's."""
-        self.buf: list[bytes] = []
-        """Records not written yet."""
-        self._written = 0
-        """Writes to the file so far."""
-        self._synced = 0
-        """``_written`` as it was before the last fsync that succeeded."""
-        self._must_sync = False
-        """The buffer holds a record ``always`` fsyncs before its reply (see ``flush``)."""
-        self._sync_error: OSError | None = None
-        """A background fsync's failure, for the next ``flush``."""
+        self._clocks = clocks  # `anchor`'s (wall ms, monotonic ms, lifetime); None: this machine's
+        self.buf: list[bytes] = []  # records not written yet
+        self._written = 0  # writes to the file so far
+        self._synced = 0  # `_written` as it was before the last fsync that succeeded
+        self._must_sync = False  # the buffer holds a record `always` fsyncs before its reply
+        self._sync_error: OSError | None = None  # a background fsync's failure, for the next flush
         self.stats = JournalStats()
         self.writable = True
-        self.failure = ""
-        """Why it cannot be written (the episode's first error), "" while it can."""
-        self._said_read_only = False
-        """This episode's log said the file system is read-only."""
+        self.failure = ""  # why it cannot be written (the episode's first error), "" while it can
+        self._said_read_only = False  # this episode's log said the file system is read-only
         self.mark_removed = True
         """The ``complete`` mark is gone while the journal cannot be written: renewals may then
         be answered unrecorded (False: they are refused)."""
@@ -212,10 +200,8 @@ class Journal:
         caller before any reply of that batch leaves (``take_refused``)."""
         self._fd = -1
         self._fd_lock = threading.Lock()
-        self._sync_wanted = threading.Event()
-        """Set for the everysec thread: fsync (or end, once closed)."""
-        self._sync_on_loop = False
-        """No everysec thread could be started: the loop fsyncs."""
+        self._sync_wanted = threading.Event()  # for the everysec thread: fsync, or end once closed
+        self._sync_on_loop = False  # no everysec thread could be started: the loop fsyncs
         self._syncer: threading.Thread | None = None
         self._size = 0
         self._anchor_clock = 0.0
@@ -230,7 +216,6 @@ class Journal:
         """Written since the last fsync that succeeded."""
         return self._written != self._synced
 
-    # ------------------------------------------------------------------ records
     def _until(self, expires_at: float, lease_ttl: int) -> int:
         """The wall ms recorded for a lease ending at ``expires_at``."""
         ahead = 0 if self.record_renewals else lease_ttl
@@ -295,7 +280,6 @@ class Journal:
         self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
         self._must_sync = True
 
-    # ------------------------------------------------------------------ file
     def _header(self) -> bytes:
         return _line(
             f"H {VERSION} {self._lifetime} {self._anchor_wall_ms} {self._anchor_mono_ms} "

@@ -25,8 +25,7 @@ class LimitMismatch(TableError):
     def __init__(self, key: str, limit: int) -> None:
         super().__init__(key, limit)
         self.key = key
-        self.limit = limit
-        """The key's limit."""
+        self.limit = limit  # the key's limit
 
 
 class AlreadyEnqueued(TableError):
@@ -69,8 +68,7 @@ class Client:
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
         self.closed = False
         self.on_close: dict[Holder, int] | None = None
-        self.session = False
-        """``hello _ session``: a close by its peer ends its grants ``session_ttl_s`` later."""
+        self.session = False  # hello _ session: a peer's close ends its grants session_ttl_s later
         self.kept_by: ClientSession | None = None
         """The client session it joined, which keeps its grants alive past its close."""
         self.close: Callable[[], None] | None = None
@@ -252,15 +250,10 @@ class Counts:
         self.restored = [0, 0]
         self.grants = [0, 0]
         self.releases = [0, 0]
-        self.forced = [0, 0]
-        """Freed by an operator's force release (``fr``)."""
-        self.expiries = [0, 0]
-        """Leases that ran out (a session's end shortens them)."""
-        self.lost_by_disconnect = [0, 0]
-        """Released because their plain connection was closed by its peer."""
-        self.timeouts = [0, 0]
-        """Try-once refusals and waits that timed out."""
+        self.forced = [0, 0]  # freed by an operator's force release (`fr`)
+        self.expiries = [0, 0]  # leases that ran out (a session's end shortens them)
+        self.lost_by_disconnect = [0, 0]  # a plain connection's grants freed at its peer's close
+        self.timeouts = [0, 0]  # try-once refusals and waits that timed out
 
 
-Entry = KeyState | Holder
-"""A value of the table's key map (see ``Holder``)."""
+Entry = KeyState | Holder  # a value of the table's key map (see `Holder`)

@@ -54,8 +54,7 @@ class LeaseBound:
         self.record = record
         self._loop = loop
         self._executor = executor
-        self.table: LockTable | None = None
-        """Whose ``lease_noted`` each recorded bound raises."""
+        self.table: LockTable | None = None  # whose `lease_noted` each recorded bound raises
         self._lock = threading.Lock()
         self._parked: list[tuple[int, Resume]] = []
         self._running = False
@@ -93,7 +92,6 @@ class LeaseBound:
         """Stop taking recordings; one under way finishes."""
         self._executor.shutdown(wait=False)
 
-    # ------------------------------------------------------------------ internals
     def _record_next(self) -> None:
         target = max(lease for lease, _ in self._parked)
         try:

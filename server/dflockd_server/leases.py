@@ -10,8 +10,7 @@ from dflockd_server.keys import Entry, Holder, KeyState
 
 __all__ = ["COMPACT_MIN", "IdleLog", "LeaseIndex", "LeaseRun"]
 
-COMPACT_MIN = 64
-"""Stale entries an index (or a key's queue) may keep beyond twice its current ones."""
+COMPACT_MIN = 64  # stale entries an index (or a key's queue) may keep beyond twice its current ones
 
 
 class LeaseRun:
@@ -38,8 +37,7 @@ class LeaseIndex:
 
     def __init__(self) -> None:
         self.by_ttl: dict[int, LeaseRun] = {}
-        self.count = 0
-        """Entries, stale ones included."""
+        self.count = 0  # entries, stale ones included
         self.cap = COMPACT_MIN
 
     def add(self, holder: Holder, expires_at: float, lease_ttl: int) -> None:

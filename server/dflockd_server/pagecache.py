@@ -20,8 +20,7 @@ __all__ = ["mount_id", "tail_resident"]
 _AT_FDCWD = -100
 _STATX_MNT_ID_UNIQUE = 0x4000
 _STATX_SIZE = 256
-_STX_MNT_ID_OFFSET = 144
-"""Where ``struct statx`` keeps ``stx_mnt_id`` (a ``__u64``)."""
+_STX_MNT_ID_OFFSET = 144  # where `struct statx` keeps `stx_mnt_id` (a `__u64`)
 _SYS_CACHESTAT = 451
 """``cachestat``'s system call number (Linux 6.5), the same on every architecture but alpha's
 and mips'."""

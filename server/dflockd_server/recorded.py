@@ -47,14 +47,11 @@ class RecordedGrant:
         self.detached = detached
         self.on_close = on_close
         self.note = note
-        self.left = left
-        """Seconds from the restart to its end, set by ``restored_leases``."""
+        self.left = left  # seconds from the restart to its end, set by `restored_leases`
 
 
-_GAP = 16
-"""A fence at most this far past the last run's end extends that run; further on, a new run."""
-_MIN_RUN = 64
-"""A last run of fewer slots is dissolved when a new run begins."""
+_GAP = 16  # a fence at most this far past the last run's end extends it; further on, a new run
+_MIN_RUN = 64  # a last run of fewer slots is dissolved when a new run begins
 
 
 def _fence(token: str) -> int:
@@ -74,14 +71,11 @@ class RecordedGrants:
     __slots__ = ("_bases", "_end", "_others", "_runs")
 
     def __init__(self) -> None:
-        self._bases: list[int] = []
-        """Each run's first fence, in increasing order."""
+        self._bases: list[int] = []  # each run's first fence, in increasing order
         self._runs: list[list[RecordedGrant | None]] = []
         """Each run's slots: the grant of the fence ``base + i`` at ``i``, or ``None``."""
-        self._end = 0
-        """The fence after the last run's last slot."""
-        self._others: dict[str, RecordedGrant] = {}
-        """The grants the runs could not take, by token."""
+        self._end = 0  # the fence after the last run's last slot
+        self._others: dict[str, RecordedGrant] = {}  # the grants the runs could not take, by token
 
     def _run_holding(self, token: str, fence: int) -> int:
         """The index of the run whose slot at ``fence`` holds ``token``'s grant, or -1."""

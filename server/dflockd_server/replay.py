@@ -49,21 +49,15 @@ from dataclasses import dataclass, field
 
 from dflockd_server.recorded import RecordedGrant, RecordedGrants
 
-VERSION = "3"
-"""Written in the header; versions 1 (no fsync field) and 2 (no batches) are read too."""
-COMPLETE_SUFFIX = ".complete"
-"""The mark beside the journal: present while every renewal answered is in the file."""
-FREEZE_AFTER = 100_000
-"""Objects made during a ``paused_gc`` from which they are frozen at its end."""
+VERSION = "3"  # written in the header; versions 1 (no fsync field) and 2 (no batches) are read too
+COMPLETE_SUFFIX = ".complete"  # a mark: present while every renewal answered is in the journal
+FREEZE_AFTER = 100_000  # objects made during a `paused_gc` from which they are frozen at its end
 READ_CHUNK = 1 << 22
-BATCH_BYTES = 1 << 20
-"""The most a batch (``K``) covers."""
-BATCH_RECORDS = 16
-"""The fewest records a write puts in a batch."""
+BATCH_BYTES = 1 << 20  # the most a batch (`K`) covers
+BATCH_RECORDS = 16  # the fewest records a write puts in a batch
 _BATCH_MARK = b" K "
 _PAYLOAD = operator.itemgetter(slice(9, None))
-_CHECKED = operator.itemgetter(slice(0, 9))
-"""A record line's checksum field and the space after it."""
+_CHECKED = operator.itemgetter(slice(0, 9))  # a record line's checksum field and the space after it
 _CRC_DIGITS = b"0123456789abcdef"
 """A checksum field's digits: ``int(field, 16)`` alone also takes a space, a sign, ``_``, ``0x``."""
 
@@ -98,27 +92,17 @@ def boot_id() -> str:
 class JournalRead:
     """What ``read_journal`` found."""
 
-    leases: RecordedGrants = field(default_factory=RecordedGrants)
-    """The grants not released, by token."""
-    anchor: tuple[str, int, int] | None = None
-    """The file's clock anchor: boot id, wall ms, monotonic ms."""
-    mount: int | None = None
-    """The state dir's mount (``pagecache``) in the last header, None where it has none."""
-    fsync: str = ""
-    """The ``--journal-fsync`` of the run that wrote it ("" for a version-1 file)."""
-    clean: bool = False
-    """Its last record is a graceful stop's (``C``, fsynced)."""
+    leases: RecordedGrants = field(default_factory=RecordedGrants)  # grants not released, by token
+    anchor: tuple[str, int, int] | None = None  # clock anchor: boot id, wall ms, monotonic ms
+    mount: int | None = None  # the state dir's mount (`pagecache`) in the last header (None: none)
+    fsync: str = ""  # the `--journal-fsync` of the run that wrote it ("" for a version-1 file)
+    clean: bool = False  # its last record is a graceful stop's (`C`, fsynced)
     records: int = 0
-    dropped_bytes: int = 0
-    """Bytes and lines from the first damaged line to the end of the file."""
+    dropped_bytes: int = 0  # bytes and lines from the first damaged line to the end of the file
     dropped_lines: int = 0
-    damage: str = ""
-    """What was wrong with the first line that did not check ("" when none)."""
-    torn_tail: bool = False
-    """The damage is a last record without its end of line: a write cut short."""
-    shift_ms: int = 0
-    """What to subtract from an ``until`` after the last header to put it on the first
-    header's clock."""
+    damage: str = ""  # what was wrong with the first line that did not check ("" when none)
+    torn_tail: bool = False  # the damage is a last record without its LF: a write cut short
+    shift_ms: int = 0  # an `until` after the last header minus this is on the first header's clock
 
     @property
     def damaged_before_tail(self) -> bool:
@@ -392,12 +376,9 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
 class Restore:
     """What ``restored_leases`` makes of a journal."""
 
-    leases: list[RecordedGrant]
-    """The grants still running, each with its seconds ``left``."""
-    how: str
-    """Which rule gave their time left, for the start-up log."""
-    grace_s: float
-    """Seconds the start grants nothing (0: none)."""
+    leases: list[RecordedGrant]  # the grants still running, each with its seconds `left`
+    how: str  # which rule gave their time left, for the start-up log
+    grace_s: float  # seconds the start grants nothing (0: none)
     exact: bool = False
     """Each lease runs to its recorded end (same boot, complete journal): a start may go on
     appending to the file as it is."""

@@ -72,20 +72,17 @@ class KeyServing:
 
     def __init__(self, connections: set[Connection]) -> None:
         self.connections = connections
-        self.ownership: Ownership = SINGLE
-        """Which keys this server serves now (swapped whole, never changed in place)."""
+        self.ownership: Ownership = SINGLE  # swapped whole, never changed in place
         self.key_check: Callable[[str], bytes | None] | None = None
         """``ownership.check``, or None when every key is served (the acquire's fast path)."""
         self.asked_check: Callable[[str], bytes | None] = SINGLE.check_asked
         self.admit_ask: Callable[[str, str], bytes | None] = SINGLE.admit_ask
-        self._may_hold: Callable[[str], bool] | None = None
-        """The ownership's ``may_hold`` (None: always)."""
+        self._may_hold: Callable[[str], bool] | None = None  # `ownership.may_hold` (None: always)
         self.hold_check: Callable[[str], bool] | None = None
         """``may_hold`` where the ownership may refuse a key it granted (a cluster member's),
         else None (single, static ``--members``): a keep-alive then asks nothing key by key."""
         self._renewals_allowed = True
-        self.table: LockTable | None = None
-        """The server's lock table, once its start has made it (``attach``)."""
+        self.table: LockTable | None = None  # once the start has made it (`attach`)
         self._swap = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread = 0

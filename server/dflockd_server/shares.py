@@ -26,19 +26,14 @@ class AddressShares:
     __slots__ = ("cap", "clients", "detached", "held", "ip_of", "refused")
 
     def __init__(self, cap: int) -> None:
-        self.cap = cap
-        """``--max-locks-per-ip`` (> 0)."""
-        self.held: dict[str, int] = {}
-        """Address -> grants counting against it now."""
+        self.cap = cap  # `--max-locks-per-ip` (> 0)
+        self.held: dict[str, int] = {}  # address -> grants counting against it now
         self.ip_of: dict[Client, str] = {}
         """The address of each open connection's client, and of each closed one that still
         holds a grant."""
-        self.clients: dict[str, set[Client]] = {}
-        """The clients of each address's open connections."""
-        self.detached: dict[str, str] = {}
-        """Token -> address, for grants bound to no connection."""
-        self.refused: Callable[[str, int], None] | None = None
-        """Told of each refusal (the address, its load)."""
+        self.clients: dict[str, set[Client]] = {}  # the clients of each address's open connections
+        self.detached: dict[str, str] = {}  # token -> address, for grants bound to no connection
+        self.refused: Callable[[str, int], None] | None = None  # told of each refusal: (ip, load)
 
     def opened(self, client: Client, ip: str) -> None:
         self.ip_of[client] = ip

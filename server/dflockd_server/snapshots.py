@@ -30,8 +30,7 @@ class RationedSnapshots:
         self._waiting: list[Asker] = []
         self._next_at = 0.0  # math.inf while a reply is being delivered
         self._handle: asyncio.Handle | None = None  # the next snapshot, or the next batch
-        self.taken = 0
-        """Snapshots taken (each answers one or more ``stats``)."""
+        self.taken = 0  # snapshots taken (each answers one or more `stats`)
 
     def request(self, asker: Asker) -> bytes | None:
         """The reply to ``asker``'s ``stats`` now, or ``None``: ``asker.stats_ready`` later."""

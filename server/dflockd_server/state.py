@@ -44,8 +44,7 @@ from dflockd_server.settings import names
 
 log = logging.getLogger("dflockd_server")
 
-NO_STATE = "none"
-"""``--state-dir none``: keep no state."""
+NO_STATE = "none"  # `--state-dir none`: keep no state
 
 JOURNAL, FENCE, GRACE, LOCK = "journal", "fence", "grace", "lock"
 DAMAGED_SUFFIX = ".damaged"
@@ -76,8 +75,7 @@ class StateDir:
 
     def __init__(self, path: str, *, address: str | None = None) -> None:
         self.path = path
-        self.address = address
-        """``host:port`` when ``path`` is that address's default directory."""
+        self.address = address  # `host:port` when `path` is that address's default directory
         self._lock_fd = -1
 
     def file(self, name: str) -> str:
@@ -132,8 +130,7 @@ class StartPlan:
     """What a start does with the state it finds."""
 
     grace: GraceDecision
-    grace_record: str | None
-    """Where the longest lease granted is kept (``grace``), or None."""
+    grace_record: str | None  # where the longest lease granted is kept (`grace`), or None
     fence_file: str | None
     journal: str | None = None
     """The journal's path; None without a state directory (then no ``leases``, no ``read``)."""

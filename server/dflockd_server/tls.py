@@ -26,8 +26,7 @@ class TlsSession:
         self._outgoing = ssl.MemoryBIO()
         self._object = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
         self.handshake_done = False
-        self.peer_closed = False
-        """The peer sent ``close_notify``: no more requests can come."""
+        self.peer_closed = False  # the peer sent `close_notify`: no more requests can come
 
     def receive(self, data: bytes) -> bytes:
         """The plaintext that ``data`` completes (what came before a ``close_notify``, which

@@ -35,11 +35,9 @@ log = logging.getLogger("dflockd_server")
 
 __all__ = ["FenceCounter"]
 
-_SUFFIX_HEX = 16
-"""The random suffix: 8 bytes, in hex."""
+_SUFFIX_HEX = 16  # the random suffix: 8 bytes, in hex
 _BYTE_HEX: Final = tuple(f"{i:02x}" for i in range(256))
-_CHUNK_BYTES = 4096
-"""Random bytes drawn at once (one ``os.urandom`` per 512 tokens)."""
+_CHUNK_BYTES = 4096  # random bytes drawn at once (one `os.urandom` per 512 tokens)
 _SMALL_BOUND = (1 << 62) - 1
 """``next_token`` compares each counter with one bound (``_check_at``: the ceiling, or this),
 and only at it checks the 64-bit limit and the store; below 2**62, so that, compiled, it
@@ -75,8 +73,7 @@ class FenceCounter:
         self._storing = False
         self._pool = ""
         self._pool_pos = 0
-        self._high = -1
-        """``counter >> 8`` at the token before, and its 14 hex digits in ``_high_hex``."""
+        self._high = -1  # `counter >> 8` at the token before, and its 14 hex digits in `_high_hex`
         self._high_hex = ""
         self._counter = wall_clock_ns()
         self._ceiling = 0
