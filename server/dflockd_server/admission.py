@@ -4,11 +4,10 @@ A ``net.Server`` has an ``Admission``: it counts transports and connections, ref
 past the caps (``max_connections``, ``max_connections_per_ip``, or while the server drains),
 and keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dropped).
 
-It also keeps one client address from taking every key (``--max-locks-per-ip``): an acquire
-from an address that holds or waits for that many locks and slots (the table's
-``shares.AddressShares``) is refused ``error_max_locks``, so ``--max-locks`` minus the cap
-always stay for the other addresses. The load is read only while the table has at least the
-cap's number of keys (``Session`` compares): the usual path reads nothing."""
+It also keeps one client address from taking every key ([Caps](../server.md#caps)): an acquire
+from an address that holds or waits for ``--max-locks-per-ip`` locks and slots (the table's
+``shares.AddressShares``) is refused ``error_max_locks``. The load is read only while the table
+has at least the cap's number of keys (``Session`` compares): the usual path reads nothing."""
 
 from __future__ import annotations
 

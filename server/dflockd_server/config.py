@@ -23,8 +23,7 @@ _SERVER_PAIRS = ((("auth_token", "auth_token_file"),), (("tls_cert", "tls_key"),
 ETCD_PASSWORDS: Final = (("cluster_password", "cluster_password_file"),)
 """etcd's password, given one way only (the cluster commands check it too)."""
 _ETCD_PAIRS = (ETCD_PASSWORDS, (("cluster_cert", "cluster_key"),))
-"""Those of etcd's access, checked once ``--cluster`` is known to be given (and ``etcds://``
-for the TLS files)."""
+"""etcd access's, checked once ``--cluster`` is given (and ``etcds://`` for the TLS files)."""
 
 
 def check_pairs(

@@ -16,8 +16,7 @@ DEFAULT_MAX_LOCKS: Final = 1024
 DEFAULT_READ_TIMEOUT_S: Final = 23.0
 DEFAULT_AUTO_RELEASE_ON_DISCONNECT: Final = True
 DEFAULT_MAX_CONNECTIONS: Final = 4096
-"""A fleet of hundreds of workers fits many times over; a flood stops here, not at the
-open-file limit."""
+"""Hundreds of workers fit many times over; a flood stops here, not at the open-file limit."""
 FD_HEADROOM: Final = 64  # fds beyond `max_connections`: listeners, event loop, state files, metrics
 DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
@@ -148,8 +147,7 @@ at most a tenth of the server's time (``snapshots``)."""
 STATS_ANSWERS_PER_TURN: Final = 4
 AUTH_FAILURE_DELAY_S: Final = 0.5  # the pause before a wrong secret's `error_auth` (slows guessing)
 WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024
-"""Unsent reply bytes past which a connection counts as not reading: reading it pauses and the
-write timeout starts."""
+"""Unsent bytes past which a connection's reading pauses and its write timeout starts."""
 WRITE_BUFFER_LOW_WATER: Final = 16 * 1024
 SOCKET_BUFFER_BYTES: Final = 16 * 1024
 """``SO_SNDBUF`` and ``SO_RCVBUF`` of every connection (Linux doubles it). Autotuned buffers let

@@ -1,12 +1,10 @@
 """Restart grace: after a start, grant nothing until every lease an earlier server on this
-address may have granted has surely ended.
+address may have granted has surely ended (when a start waits: docs/server.md, "Restart grace").
 
-A server that forgot its leases could hand a key to B while A believes it holds it. So it
-waits, before its first grant, for the longest lease the previous run granted or renewed
-(``longest_lease_s``), which the run records at ``<fence_state_file>.grace`` before any longer
-lease is granted: a ``kill -9`` leaves a bound the next start can trust. Without a state file
-the grace is ``max_lease_ttl_s`` after every start on a fixed port. It applies after a graceful
-stop too: the lease is the only bound a client honours.
+The bound is the longest lease the previous run granted or renewed (``longest_lease_s``), which
+each run records (the state dir's ``grace``, or ``<fence_state_file>.grace``) before any longer
+lease is granted (``LeaseRecord``): a ``kill -9`` leaves a bound the next start can trust. It
+applies after a graceful stop too: the lease is the only bound a client honours.
 
 A grace outlives a start stopped during it: the record holds when it ends (``grace_until``: this
 boot's id and a time on its monotonic clock), and a start on the same boot waits out what is

@@ -53,8 +53,7 @@ class Grants:
         self.lease_noted = lease_noted  # leases up to this long need no `note_lease` call
         self.asked_check: Callable[[str], bytes | None] | None = None
         self.grant_check: Callable[[str], bytes | None] | None = None
-        """The ownership check (None: every key is served), asked before a queued waiter is
-        promoted."""
+        """The ownership check (None: every key is served), asked before promoting a waiter."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
@@ -295,10 +294,9 @@ class Grants:
     def free_holder(
         self, holder: Holder, state: KeyState | None, now: float, why: list[int]
     ) -> None:
-        """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens,
-        leases and disconnects"). ``why``: the ``Counts`` pair it counts in. ``state`` ``None``:
-        the holder is the key's entry and stays it, as the idle key's. The caller then calls
-        ``fill``."""
+        """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens, leases
+        and disconnects"); the caller then calls ``fill``. ``why``: the ``Counts`` pair it counts
+        in. ``state`` ``None``: the holder is the key's entry and stays it, as the idle key's."""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
         journal = self.journal

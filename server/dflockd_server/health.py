@@ -53,9 +53,8 @@ def check(host: str, port: int, auth_token: str | None, tls: bool) -> str | None
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Check ``[host] [port]``; by default where the server's environment has it listen
-    (``DFLOCKD_HOST``, the loopback address of its family for all addresses, and
-    ``DFLOCKD_PORT``)."""
+    """Check ``[host] [port]``, by default the server's ``DFLOCKD_HOST`` (the loopback address of
+    its family for all addresses) and ``DFLOCKD_PORT``."""
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
     try:

@@ -21,25 +21,24 @@ records after it, ``BATCH_BYTES`` at most) before them: a restart checks them wi
 A batch that does not check, or that the file ends inside, is read line by line: batches change
 a read's speed, never its outcome.
 
-A restart on the same boot that restored every lease to its recorded end appends its own ``H``
-record and goes on appending (``resume``); ``replay`` puts the times after each later header on
-the first one's clock. Any other start writes a new file of every lease it restored (``open``).
-
 ``until`` is a wall-clock time in ms on the file's clock (the anchor's wall time plus the
 monotonic time elapsed since: a wall-clock step does not move it): the lease's end as its holder
 was last told, rounded up. Every renewal writes an ``X`` record before its reply leaves
-(``record_renewals=False``, for benchmarks/journal.py's A/B only, records one lease ahead
-instead). Reading it back: ``replay``.
+(``record_renewals=False``, for benchmarks/journal.py's A/B only, records one lease ahead).
 
-A journal that cannot be written (a full disk, EIO, a failed fsync: ``writable`` False): the
-failed batch is cut from the file, its grants undone (``refused``), the ``complete`` mark
-removed, and records are dropped (nothing new is granted). Each sweep tries ``recover``: a new
-file of every lease held, fsynced beside the old one and renamed over it.
+A restart on the same boot that restored every lease to its recorded end appends its own ``H``
+record and goes on appending (``resume``); ``replay`` reads it back, the times after each later
+header put on the first one's clock. Any other start writes a new file of every lease it
+restored (``open``).
 
-Writes: records go to a buffer; replies that follow records not written are held back
-(``stream.GroupWrite``) until the buffer is written with one ``os.write`` (``flush``), once per
-turn of the loop: a kill -9 loses nothing a client was told. ``fsync``: ``always`` (in that
-write), ``everysec`` (a background thread, once a second), ``no`` (the OS decides)."""
+Writes: records go to a buffer, written with one ``os.write`` per turn of the loop (``flush``)
+before the replies that follow them leave (``stream.GroupWrite``): a kill -9 loses nothing a
+client was told. ``fsync``: ``always`` in that write, ``everysec`` on a background thread, ``no``
+left to the OS (docs/server.md, "What a crash may lose"). A journal that cannot be written (a
+full disk, EIO, a failed fsync: ``writable`` False) has the failed batch cut from the file, its
+grants undone (``refused``), the ``complete`` mark removed, and drops records (nothing new is
+granted); each sweep tries ``recover``: a new file of every lease held, fsynced beside the old
+one and renamed over it."""
 
 from __future__ import annotations
 

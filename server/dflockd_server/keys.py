@@ -47,8 +47,7 @@ AS_RECORDED = -1.0
 AT_LEASE_START = float("-inf")
 """``Holder.since`` of a grant whose lease has not moved: made at ``expires_at - lease_ttl``."""
 CLIENT_COMPACT_MIN = 8
-"""Released holders a connection's list (or ``on_close`` map) may keep beyond twice its live
-ones."""
+"""Ended holders a connection's list (or ``on_close`` map) may keep beyond twice its live ones."""
 
 
 class Client:
@@ -61,8 +60,7 @@ class Client:
     def __init__(self, client_id: int) -> None:
         self.id = client_id
         self.held: list[Holder] = []
-        """Its holders in grant order, released ones dropped lazily (a list costs a fifth of a
-        dict)."""
+        """Its holders in grant order, ended ones dropped lazily (a list: a fifth of a dict)."""
         self.n_held = 0
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue

@@ -1,19 +1,18 @@
-"""The longest lease this server may have granted, raised off the event loop.
+"""The longest lease this server may have granted, raised off the event loop (what a client
+sees: docs/server.md, "A slow disk or a slow etcd").
 
-A restarted server waits the bound out before its first grant (``grace``), and a cluster member
-publishes it in etcd (``cluster.fencestore.EtcdLongestStore``) for the heir of its shards. So a
-lease longer than the bound recorded must not be acknowledged before the longer bound is
-recorded. Recording is an fsync and maybe etcd round trips: ``LeaseBound`` does it on a thread.
+A restart's grace (``grace``) and the wait of the heir of a member's shards (the bound it
+publishes in etcd: ``cluster.fencestore.EtcdLongestStore``) last this bound, so a longer lease
+is not acknowledged before the longer bound is recorded: an fsync and maybe etcd round trips,
+which ``LeaseBound`` does on a thread.
 
 - A request within the bound (``table.grants.lease_noted``) is served at once: nearly every
   one, as the bound doubles at each raise (``grace.LeaseRecord.note``).
-- A longer one (``dispatch.RaiseBound``) parks its connection until the bound is recorded; the
-  others are served. One recording runs at a time, for the longest lease parked; then each
-  covered request is answered as if just arrived (``Connection._bound_recorded``). A failed
-  recording answers ``error_read_only`` where the bound's file could not be written, else
-  ``error``.
-- A parked request is not in its key's queue: another request within the bound may be granted
-  first.
+- A longer one (``dispatch.RaiseBound``) parks its connection while the others are served. One
+  recording runs at a time, for the longest lease parked; then each covered request is answered
+  as if just arrived (``Connection._bound_recorded``), or, if the recording failed,
+  ``error_read_only`` where the bound's file could not be written, else ``error``. A parked
+  request is not in its key's queue: another request within the bound may be granted first.
 - A longer lease reaching the table without a connection calls ``note_now``, which records on
   the loop as a last resort."""
 
@@ -35,8 +34,7 @@ __all__ = ["LeaseBound"]
 log = logging.getLogger("dflockd_server")
 
 Resume = Callable[[bytes | None], None]
-"""Told, on the loop, ``None`` once the lease it waited for is recorded, else the reply to
-answer instead."""
+"""Told on the loop: ``None`` once the lease it waited for is recorded, else the reply to send."""
 
 
 class LeaseBound:

@@ -22,8 +22,7 @@ _STATX_MNT_ID_UNIQUE = 0x4000
 _STATX_SIZE = 256
 _STX_MNT_ID_OFFSET = 144  # where `struct statx` keeps `stx_mnt_id` (a `__u64`)
 _SYS_CACHESTAT = 451
-"""``cachestat``'s system call number (Linux 6.5), the same on every architecture but alpha's
-and mips'."""
+"""``cachestat``'s system call number (Linux 6.5), the same on all but alpha and mips."""
 
 
 def mount_id(path: str) -> int | None:

@@ -1,23 +1,22 @@
 """Reading the lease journal back (``journal`` writes it; its module doc gives the format), and
-what a start restores from it.
+what a start restores from it (as the operator sees it: docs/server.md, "What a start restores").
 
 Every grant with no later ``R`` comes back, running from the restart:
 
 - **same boot, complete journal** (the file's boot id is this boot's, and the ``complete`` mark
-  says every renewal answered is recorded): ``until - now`` on the file's own monotonic clock
-  (no wall-clock step counts), not capped at its lease (an earlier start may have restored it
-  for longer); a grant bound to a connection with an ``<onclose>`` lease runs at least that
-  long (its connection closed with the old process).
+  says every renewal answered is recorded): ``until - now`` on the file's own monotonic clock,
+  not capped at its lease (an earlier start may have restored it for longer); a grant bound to
+  a connection with an ``<onclose>`` lease runs at least that long (its connection closed with
+  the old process).
 - **same boot, journal not complete**: ``max(its lease, the longest the run recorded)``: a
   renewal answered before the crash ended at most one such lease after it.
-- **same boot, but the file may lack its last records** (the state dir's file system was
-  mounted anew since, or a write failed before the previous run ended and the file's last page
-  has left the page cache: ``pagecache``): unless a graceful stop fsynced the file, restored as
-  another boot's, with its grace.
+- **same boot, but the file may lack its last records** (the state dir mounted anew since, or a
+  write failed before the previous run ended and the file's last page has left the page cache:
+  ``pagecache``): as another boot's, grace included, unless a graceful stop fsynced the file.
 - **another boot** (or an unreadable boot id): the wall clock may have been stepped, so each
-  lease runs the longest of its own and the longest the run recorded. Unless the file was
-  fsynced at each reply (``always``) or closed by a graceful stop, its last records may be
-  lost, so the start also grants nothing for that longest lease (the restart grace, ``state``).
+  lease runs the longest of its own and the longest the run recorded; unless the file was
+  fsynced at each reply (``always``) or closed by a graceful stop, its last records may be lost,
+  so the start also grants nothing for that long (the restart grace, ``state``).
 
 The restored end is never earlier than the real one: within a boot the file is read as the
 kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark is removed before
@@ -28,11 +27,9 @@ The file is read a chunk at a time with the garbage collector paused (``paused_g
 found by token through their fence (``recorded.RecordedGrants``); a batch (``K``) is checked with
 one checksum, other lines all at once in C. A later header (``Journal.resume``) shifts the times
 after it onto the first header's clock; one of another boot makes the whole file read as of
-another boot.
-
-Damage: reading stops at the first line that does not check. A last record without its end of
-line is a torn tail: only that record is lost. Any other damage leaves the records after it
-unknown: the caller applies a restart grace (``state``)."""
+another boot. Reading stops at the first line that does not check: a last record without its
+end of line is a torn tail (only that record is lost); any other damage leaves the records after
+it unknown, and the caller applies a restart grace (``state``)."""
 
 from __future__ import annotations
 
@@ -110,8 +107,7 @@ class JournalRead:
 
 
 def _apply(read: JournalRead, payload: str) -> str | None:
-    """Apply one checked payload (a whole grant is ``_apply_lines``'); a problem description
-    when it is malformed."""
+    """Apply a checked payload (a whole grant is ``_apply_lines``'); what is wrong, or None."""
     kind, _, rest = payload.partition(" ")
     leases = read.leases
     read.clean = False

@@ -102,8 +102,7 @@ class KeyServing:
             self._grant_checks()
 
     def attach(self, table: LockTable) -> None:
-        """The server's lock table: it asks the current ownership before each promotion of a
-        queued waiter."""
+        """The server's lock table, which asks the current ownership before promoting a waiter."""
         with self._swap:
             self.table = table
             self._grant_checks()

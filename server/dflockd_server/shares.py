@@ -1,15 +1,10 @@
 """Each client address's share of the lock table (``--max-locks-per-ip``): the grants that count
-against an address, whatever holds them now.
+against an address, whatever holds them now (which count, and when a reattach or a take-over is
+refused: docs/protocol.md, "Connection limits and shutdown").
 
-A grant counts against the address of the connection that took it (a detached hold's, the
-address that sent the ``hl``); a reattach by token or a take-over (``ht``) moves it to the new
-connection's address. It counts until the grant ends, whatever it is bound to meanwhile. A grant
-restored from the journal counts against no address until it is reattached.
-
-An address's load is its grants plus the acquires its open connections have queued: an acquire
-is refused ``error_max_locks`` when the load is at the cap, and so is a reattach or a take-over
-that would add a grant to an address at its cap (``check_rebind``). The counts change as grants
-are made, moved and freed: no scan of the table."""
+An address's load is its grants plus the acquires its open connections have queued. The counts
+change as grants are made, moved and freed (``granted``, ``moved``, ``ended``): no scan of the
+table."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ class AddressShares:
         self.cap = cap  # `--max-locks-per-ip` (> 0)
         self.held: dict[str, int] = {}  # address -> grants counting against it now
         self.ip_of: dict[Client, str] = {}
-        """The address of each open connection's client, and of each closed one that still
-        holds a grant."""
+        """The address of each client whose connection is open, or that still holds a grant."""
         self.clients: dict[str, set[Client]] = {}  # the clients of each address's open connections
         self.detached: dict[str, str] = {}  # token -> address, for grants bound to no connection
         self.refused: Callable[[str, int], None] | None = None  # told of each refusal: (ip, load)

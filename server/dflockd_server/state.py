@@ -1,17 +1,14 @@
 """The state directory: where a server keeps what must outlive it (its lease journal, its fence
-ceiling, the longest lease it granted), and what a start makes of it.
+ceiling, the longest lease it granted), and what a start makes of it (docs/server.md, "State and
+restarts").
 
-By default each server has its own, by address: ``$XDG_STATE_HOME/dflockd/<host>-<port>``, and
-a file lock (``lock``, with the pid) keeps a second server off a directory in use. A server on
-port 0 has none unless one is given (no client can hold a lease from an earlier server at a
-random port). ``--state-dir none`` (in any case) turns it off.
-
-A start (``plan_start``) restores every lease of the journal still running (the rules:
-``replay``) and grants free keys at once, except as ``replay`` says; it waits (a restart grace)
-when what the previous run granted cannot be known (earlier state but no journal, or a journal
-unreadable, without a whole header, or damaged before its last record), for the longest lease
-the previous run recorded, else ``max_lease_ttl_s``. An empty directory is a first start: no
-grace. A start on the same boot as one stopped during its grace waits out the rest of it."""
+By default each server has its own, by address (``$XDG_STATE_HOME/dflockd/<host>-<port>``; none
+on port 0, where no client can hold a lease from an earlier server), locked with its pid in
+``lock``. A start (``plan_start``) restores every lease of the journal still running (``replay``
+says for how long, and when the start must wait too); it waits a restart grace, the longest lease
+the previous run recorded (else ``max_lease_ttl_s``), when what that run granted cannot be known:
+earlier state but no journal, or one unreadable, without a whole header, or damaged before its
+last record. A start on the same boot as one stopped during its grace waits out the rest of it."""
 
 from __future__ import annotations
 
@@ -82,8 +79,7 @@ class StateDir:
         return os.path.join(self.path, name)
 
     def open(self) -> None:
-        """Make and lock the directory; `ConfigError` when it cannot be made, or another server
-        uses it."""
+        """Make and lock it; `ConfigError` when it cannot be made, or another server uses it."""
         where = f"{names('state_dir')} {self.path}"
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
@@ -251,8 +247,7 @@ def _another_host_of(path: str) -> StateDir | None:
 
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:
-    """``grace``, or what is left of the grace of a start on this boot stopped during it,
-    whichever is longer."""
+    """``grace``, or the rest of the grace of a start on this boot stopped during it, if longer."""
     if config.restart_grace_s is not None or record is None:
         return grace
     if (left := grace_left(record)) <= grace.seconds:

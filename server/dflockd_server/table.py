@@ -180,9 +180,8 @@ class LockTable:
         return [] if session is None else [h.key for h in _grants_of(session)]
 
     def _leave(self, session: ClientSession, client: Client) -> None:
-        """``client`` leaves ``session`` (with its grants, if any): a session left with no
-        connection (so no grant) keeps nothing alive and is forgotten (a keep-alive for it is
-        refused)."""
+        """``client`` leaves ``session`` (with its grants, if any); a session left with no
+        connection (so no grant) is forgotten: a keep-alive for it is refused."""
         session.clients.remove(client)
         client.kept_by = None
         if not session.clients:
@@ -266,9 +265,8 @@ class LockTable:
         *,
         queue: bool,
     ) -> Holder | Waiter | None:
-        """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``.
-        ``limit``: ``None`` for a lock. Raises ``LimitMismatch`` when the key is busy with
-        another limit."""
+        """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``; ``limit``
+        ``None``: a lock. ``LimitMismatch`` when the key is busy with another limit."""
         grants = self.grants
         now = self.clock()
         try:
@@ -522,10 +520,9 @@ class LockTable:
     def _extend(
         self, holder: Holder, entry: Entry, lease_ttl: int, expires_at: float, *, ahead: bool
     ) -> None:
-        """The live grant ``holder`` now runs to ``expires_at`` with ``lease_ttl``. A journal
-        record is written when the new end passes what the records cover, or the lease grows;
-        ``ahead``: it covers a lease past the end (one record a lease per grant, not per
-        keep-alive)."""
+        """The live grant ``holder`` now runs to ``expires_at`` with ``lease_ttl``; a journal record
+        is written when the new end passes what the records cover, or the lease grows (``ahead``:
+        covering a lease past the end, one record a lease per grant, not per keep-alive)."""
         journal = self.grants.journal
         if journal is not None:
             covered = holder.covered

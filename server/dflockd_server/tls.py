@@ -29,8 +29,7 @@ class TlsSession:
         self.peer_closed = False  # the peer sent `close_notify`: no more requests can come
 
     def receive(self, data: bytes) -> bytes:
-        """The plaintext that ``data`` completes (what came before a ``close_notify``, which
-        sets ``peer_closed``)."""
+        """The plaintext ``data`` completes (until a ``close_notify``: then ``peer_closed``)."""
         self._incoming.write(data)
         if not self.handshake_done:
             try:

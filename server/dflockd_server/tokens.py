@@ -1,22 +1,21 @@
 """Issuing fencing tokens: a strictly increasing 64-bit counter, then a random suffix.
 
-The counter starts at the wall clock in nanoseconds (so it keeps increasing across restarts
-even without a state file) and, with a ceiling store (``fence``: a file, or in cluster mode an
-etcd key), never below the ceiling stored there. The store holds a ceiling
-``FENCE_PERSIST_BLOCK`` grants ahead of the counter, always rewritten before a counter at or
-above the old ceiling is issued (a failed write issues nothing). In a cluster, the next owner
-of a shard reads it to raise its own counter above everything this member issued
-(``raise_to``).
+The counter starts at the wall clock in nanoseconds (it keeps increasing across restarts even
+without a state file) and never below the ceiling of its store (``fence``: a file, or in cluster
+mode an etcd key). The store holds a ceiling ``FENCE_PERSIST_BLOCK`` grants ahead, rewritten
+before a counter at or above the old one is issued (a failed write issues nothing); a shard's
+next owner reads it to raise its own counter above everything this member issued (``raise_to``).
 
-``next_token`` runs on the server's loop once per grant; ``raise_to`` may come from a cluster
-member's thread, so both hold the counter's lock. That lock is never held while a ceiling is
-stored (an fsync, an etcd round trip): stores go one at a time under ``_store_lock``, so a
-member thread storing for a slow etcd never holds up the loop's grants.
+``next_token`` runs on the server's loop once per grant, ``raise_to`` maybe on a cluster member's
+thread: both hold the counter's lock, which is never held while a ceiling is stored (an fsync,
+an etcd round trip). Stores go one at a time under ``_store_lock``: a member thread storing for
+a slow etcd never holds up the loop's grants.
 
-With ``store_ahead`` (a server), once the counter has used half the block under the stored ceiling,
-the next one is stored on the executor's thread while grants go on; a counter that reaches the
-stored ceiling before that store is done issues nothing (``FenceStateError``) rather than wait.
-Without it the ceiling is stored when the counter reaches it, in the caller's thread."""
+With ``store_ahead`` (a server), the next ceiling is stored on the executor's thread once the
+counter has used half the block, while grants go on; a counter that reaches the stored ceiling
+first issues nothing (``FenceStateError``) rather than wait ([A slow disk or a slow
+etcd](../server.md#a-slow-disk-or-a-slow-etcd)). Without it the ceiling is stored when the
+counter reaches it, in the caller's thread."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ _SUFFIX_HEX = 16  # the random suffix: 8 bytes, in hex
 _BYTE_HEX: Final = tuple(f"{i:02x}" for i in range(256))
 _CHUNK_BYTES = 4096  # random bytes drawn at once (one `os.urandom` per 512 tokens)
 _SMALL_BOUND = (1 << 62) - 1
-"""``next_token`` compares each counter with one bound (``_check_at``: the ceiling, or this),
-and only at it checks the 64-bit limit and the store; below 2**62, so that, compiled, it
-compares two small ints."""
+"""``next_token`` compares each counter with one bound (``_check_at``: the ceiling, or this) and
+only there checks the 64-bit limit and the store; under 2**62: compiled, two small ints compare."""
 
 
 class FenceCounter:
