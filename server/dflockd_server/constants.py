@@ -150,9 +150,8 @@ WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024
 """Unsent bytes past which a connection's reading pauses and its write timeout starts."""
 WRITE_BUFFER_LOW_WATER: Final = 16 * 1024
 SOCKET_BUFFER_BYTES: Final = 16 * 1024
-"""``SO_SNDBUF`` and ``SO_RCVBUF`` of every connection (Linux doubles it). Autotuned buffers let
-connections that never read pin much kernel memory before reaching
-``WRITE_BUFFER_HIGH_WATER``."""
+"""``SO_SNDBUF`` and ``SO_RCVBUF`` of every connection (Linux doubles it): autotuned ones let a
+connection that never reads pin much kernel memory before ``WRITE_BUFFER_HIGH_WATER``."""
 MAX_PIPELINE_BUFFER: Final = 64 * 1024
 """Pipelined request bytes buffered behind a blocking one before reading pauses."""
 MAX_REQUESTS_PER_PASS: Final = 128  # requests answered per connection before the loop serves others

@@ -72,8 +72,7 @@ class Grants:
         both are filled again at each lease sweep (``fill_again``)."""
         self.detached = Client(0)  # the owner of detached holds (connections are numbered from 1)
         self.restored = Client(-1)
-        """The owner of restored connection-bound grants until one renews them (closed: ``ht``
-        may take them over)."""
+        """Owns restored connection-bound grants until renewed (closed: ``ht`` may take them)."""
         self.restored.closed = True
         self.shares: AddressShares | None = None
         """The grants each client address holds (``--max-locks-per-ip``); None: no cap."""

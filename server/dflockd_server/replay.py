@@ -241,8 +241,7 @@ def _next_batch(data: bytes, pos: int, size: int) -> int:
 
 
 def _batch_of(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
-    """The checksum and length of the batch whose ``K`` line is ``data[pos:end]``, or ``None``
-    when that line does not check."""
+    """The checksum and length of the batch whose ``K`` line is ``data[pos:end]``, or ``None``."""
     if end < 0 or _line_problem(line := data[pos:end]) is not None:
         return None
     fields = line[9:].split(b" ")

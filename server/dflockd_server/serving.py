@@ -125,8 +125,7 @@ class KeyServing:
         return p.reply_json(self.ownership.describe())
 
     def renewals_allowed(self, allowed: bool) -> None:
-        """Serve ``n`` / ``sn`` (True) or answer them ``error`` (False: a fenced cluster
-        member). Thread safe."""
+        """Serve ``n``/``sn`` (True), or answer ``error`` (False: a fenced member). Thread safe."""
         self._renewals_allowed = allowed
 
     def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> int:

@@ -2,9 +2,8 @@
 against an address, whatever holds them now (which count, and when a reattach or a take-over is
 refused: docs/protocol.md, "Connection limits and shutdown").
 
-An address's load is its grants plus the acquires its open connections have queued. The counts
-change as grants are made, moved and freed (``granted``, ``moved``, ``ended``): no scan of the
-table."""
+An address's load is its grants plus the acquires its open connections have queued; the counts
+change as grants are made, moved and freed (``granted``, ``moved``, ``ended``): no table scan."""
 
 from __future__ import annotations
 

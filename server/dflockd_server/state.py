@@ -139,8 +139,7 @@ class StartPlan:
     """Every lease comes back to its recorded end: the start goes on appending to the journal
     (``Journal.resume``) rather than writing a new file."""
     ended: list[str] = field(default_factory=lambda: [])
-    """With ``resume``: tokens of the file's grants whose lease ended before the restart (the
-    start records their end)."""
+    """With ``resume``: tokens of grants ended before the restart (the start records their end)."""
 
 
 def plan_start(config: Config, state: StateDir | None) -> StartPlan:
@@ -233,9 +232,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
 
 
 def _another_host_of(path: str) -> StateDir | None:
-    """The default directory of another host on the port of the address's default directory
-    ``path`` that holds state (the server ran with another ``--host``; its holders come back
-    to this one), or None."""
+    """The default directory, holding state, of another host on the port of ``path``, this address's
+    default (the server ran with another ``--host``; its holders come back to this one), or None."""
     parent, name = os.path.split(path)
     port = name.rpartition("-")[2]
     with contextlib.suppress(OSError):

@@ -15,9 +15,8 @@ READ_CHUNK: Final = 65536
 
 
 class TlsSession:
-    """Server side of one TLS connection, without I/O. After each call, ``outgoing()`` holds
-    what the session itself must send; ``ssl.SSLError`` from any call means the peer broke the
-    protocol: close the connection."""
+    """Server side of one TLS connection, without I/O: after each call, ``outgoing()`` holds what it
+    must send; an ``ssl.SSLError`` from any call means the peer broke the protocol: close it."""
 
     __slots__ = ("_incoming", "_object", "_outgoing", "handshake_done", "peer_closed")
 
