@@ -1,14 +1,9 @@
-"""The client layer: everything that talks to lock servers, and nothing of Celery.
+"""The client layer: everything that talks to lock servers, and nothing of Celery (docs/client.md).
 
 Its public names (`Client` / `AsyncClient`, the locks and semaphores of both faces, the pools,
 the sharding strategies) are exported here and from `celery_dflock`; the errors are in
-`celery_dflock.client.errors`::
-
-    with DistributedLock("report:42", acquire_timeout_s=5) as lock:
-        write(data, fence=lock.fence)      # renewed in the background while held
-
-The blocking face is generated from the asyncio one (``scripts/unasync.py``); the decisions
-live in the I/O-free `celery_dflock.client._core.LockCore`."""
+`celery_dflock.client.errors`. The blocking face is generated from the asyncio one
+(``scripts/unasync.py``); the I/O-free `celery_dflock.client._core.LockCore` decides."""
 
 from __future__ import annotations
 

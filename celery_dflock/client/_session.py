@@ -1,9 +1,6 @@
-"""This process's session with a lock server (docs/protocol.md, "Client sessions"); no I/O here.
-
-A server that lists ``keepalive`` keeps one session per client: each of its connections joins
-it, the grants made on any of them belong to it, and one keep-alive
-(`celery_dflock.client._async.keepalive`) keeps it and all its grants alive. The server ends
-the session, and its grants, once no keep-alive came for its time.
+"""This process's session with a lock server, kept alive by `celery_dflock.client._async.keepalive`
+(no I/O here; what the server keeps, and why the client counts from a keep-alive's send time:
+docs/protocol.md, "Client sessions").
 
 The server cannot end a session before the send time of its last answered keep-alive plus its
 time: until then less `SESSION_MARGIN_S` its grants are surely held. Past that deadline the

@@ -1,11 +1,11 @@
 """Pools of idle connections to lock servers, one pool object per owner and process.
 
-A lock borrows a connection when it acquires, pins it while held (the server releases a
-connection's locks when it closes), and gives it back after releasing. The pool keeps idle
-connections per server (``host``, ``port``, auth token and TLS context), checks each before
-reuse, drops ones idle for longer than the server would keep them, and asks each server
-``hello`` once. Pools are fork safe: in a forked child a pool forgets the inherited
-connections (closing only its copies of their sockets) and opens new ones.
+A lock borrows a connection when it acquires, pins it while held (closing a plain connection frees
+its locks), and gives it back after releasing. The pool keeps idle connections per server
+(``host``, ``port``, auth token and TLS context), checks each before reuse, drops ones idle for
+longer than the server would keep them, and asks each server ``hello`` once. Pools are fork safe:
+in a forked child a pool forgets the inherited connections (closing only its copies of their
+sockets) and opens new ones.
 
 A blocking pool also carries the `Renewer` that renews the leases of the locks using it from
 one long-lived thread. An asyncio pool belongs to the event loop it is first used in. Without

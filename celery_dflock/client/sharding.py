@@ -1,20 +1,16 @@
-"""Route a lock key to one of several lock servers.
+"""Which of several lock servers a key goes to ([Several servers](../client.md#several-servers)).
 
 A strategy maps ``(key, number_of_servers)`` to an index into ``servers``; the key's lock lives
-on that server only. Two built-in strategies:
-
-* `stable_hash_shard` (the default): ``zlib.crc32(key.encode("utf-8")) % n``, as every dflockd
-  client does, so they agree on where a key lives. Adding a server moves about ``n/(n+1)`` of
-  the keys.
-* `rendezvous_shard`: highest-random-weight hashing on ``blake2b(key, server identity)``:
-  adding or removing a server moves only about ``1/(n+1)`` of the keys. As a lock's
-  ``sharding_strategy`` the identity is the server's ``"host:port"``, so the order of
-  ``servers`` does not matter; called as ``rendezvous_shard(key, n)`` it hashes on
-  ``"0"``..``"n-1"``: then append new servers at the end.
+on that server only. `stable_hash_shard` (the default) is every dflockd client's
+``zlib.crc32(key.encode("utf-8")) % n``, so they agree on where a key lives. `rendezvous_shard`
+(highest-random-weight) hashes ``blake2b(key, server identity)``: as a lock's
+``sharding_strategy`` the identity is the server's ``"host:port"``, so the order of ``servers``
+does not matter; called as ``rendezvous_shard(key, n)`` it hashes on ``"0"``..``"n-1"``: then
+append new servers at the end.
 
 Moving keys while locks are held splits a key's holders across two servers: change the server
-list only when no lock is held. Servers started with the same list (``--members``) refuse the
-keys that are not theirs, so a client whose list disagrees gets a `ShardingMismatchError`.
+list only when no lock is held (servers started with the same list, ``--members``, refuse a
+client whose list disagrees: `ShardingMismatchError`).
 
 `CLUSTER` (``sharding_strategy="cluster"``): the servers are seeds of a cluster, which says
 where each key lives (`ClusterMap`); the client caches that map and follows its redirects."""

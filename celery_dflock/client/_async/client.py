@@ -1,17 +1,7 @@
-"""The client: one `ClientSettings` and one pool shared by the locks it makes, and the
-requests that need no lock object. The asyncio source (`AsyncClient`) of the blocking `Client`
-that ``scripts/unasync.py`` generates in ``_sync/``::
-
-    with Client([("127.0.0.1", 6388)], auth_token=secret) as client:
-        with client.lock("report:42", acquire_timeout_s=5) as lock:
-            write(data, fence=lock.fence)
-        client.release("report:43", token_of_a_dead_worker)   # release by token
-        for status in client.stats():                          # what each server holds
-            print(status.address, status.stats)
-
-The settings are checked once, here or by the Celery layer (`from_settings`), and passed down
-whole to each lock. A request by token is one request on a pooled connection to the key's
-server (`celery_dflock.client._async.routing`)."""
+"""`AsyncClient`, the asyncio source of the blocking `Client` that ``scripts/unasync.py`` generates
+in ``_sync/`` (how to use them: docs/client.md): one `ClientSettings`, checked once here or by the
+Celery layer (`from_settings`), and one pool, shared by the locks it makes; a request by token is
+one request on a pooled connection to the key's server (`celery_dflock.client._async.routing`)."""
 
 from __future__ import annotations
 

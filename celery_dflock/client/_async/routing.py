@@ -1,9 +1,7 @@
 """Reaching a key's server: the cluster map's refresh, and one request by token over a pool (asyncio
-source of the ``_sync/`` twin). A client's request by token needs no lock object: `send_by_token`
-routes the key as its acquire would and sends the one request on a pooled connection (to a moving
-shard's target too when its current member does not know the token: a key-level move's keys are
-granted there); `send_to_owner` (a force release) also follows a cluster's ``error_moved`` and
-``error_ask``."""
+source of the ``_sync/`` twin). `send_by_token` routes the key as its acquire would and sends the
+one request on a pooled connection (to a moving shard's target too: docs/client.md, "A cluster");
+`send_to_owner` (a force release) also follows a cluster's ``error_moved`` and ``error_ask``."""
 
 from __future__ import annotations
 

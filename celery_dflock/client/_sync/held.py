@@ -3,19 +3,15 @@
 """A lock object's holding: its connections, the grant it keeps alive (renewal, reattaching),
 reporting a loss, the requests that let go (asyncio source of the ``_sync/`` twin; what each face
 does its own way is in `celery_dflock.client._aio_backend` / `celery_dflock.client._sync_backend`).
+What a user sees of it: [the client](../client.md#the-locks-on-their-own).
 
-A held lock pins its connection: the server frees a plain connection's locks when its peer closes it
-(after the session time on a session connection; a connection of a client session ends nothing, the
-session's end does). When that connection closes or breaks, the lock *reattaches*: it reconnects to
-the same server and renews by token while the lease it last confirmed runs. A lock is *lost* when
-the renewal is refused or the lease runs out first: `lost` turns True, `lost_event` is set,
-``on_lost(lock)`` runs once. A release the server does not answer goes on in the background while
-the lease runs: a caller never waits out an outage to let go.
-
-An interrupted request closes its connection (never reused out of step); an interrupted release
-closes the pinned connection, so the server frees the lock rather than keep it unrenewed, and a
-grant a client session keeps (which that close does not end) is released by token in the background.
-"""
+A held lock pins its connection, whose close frees a plain connection's locks (a session
+connection's after its session time; a client session's end, not a close, ends its grants). When it
+closes or breaks, the lock reattaches: it renews by token on a new connection to the same server
+while the lease it last confirmed runs. An interrupted request closes its connection (never reused
+out of step); an interrupted release closes the pinned connection, so the server frees the lock
+rather than keep it unrenewed, and a grant a client session keeps (which that close does not end)
+is released by token in the background."""
 
 from __future__ import annotations
 

@@ -6,10 +6,9 @@ number of locks held on it (asyncio source of the ``_sync/`` twin: a task here, 
 It runs while the session has held locks, on a connection of its own, closed when it ends. When the
 server answers that it has no such session (or that a key of it is another cluster member's now), or
 the deadline passes with no answer, the session is over: every lock held on it is told at once, and
-its renewal reports the loss unless the server was found not running. A cluster member that cannot
-tell yet whether it serves the session's keys (``error_unavailable``: it lost etcd, or has just
-started) is asked again while the session runs. A server restarted without client sessions keeps
-none: the keep-alive stops, and each lock renews its grant by token on a connection of its own."""
+its renewal reports the loss unless the server was found not running (an ``error_unavailable`` is
+asked again). A server restarted without client sessions keeps none: the keep-alive stops, and
+each lock renews its grant by token on a connection of its own."""
 
 from __future__ import annotations
 
