@@ -31,8 +31,7 @@ __all__ = [
 OpLock = asyncio.Lock
 Event = asyncio.Event
 pause = asyncio.sleep
-Background = asyncio.Task[None]
-"""What `background` started (kept by its lock object, so the task is not collected)."""
+Background = asyncio.Task[None]  # what `background` started, kept by its lock object against GC
 
 
 T = TypeVar("T")

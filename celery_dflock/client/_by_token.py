@@ -1,6 +1,6 @@
 """Requests about a grant named by its token, without a lock object (no I/O here): release, renew,
-detach, note and force release, built and read here. What they carry comes checked (a lease here
-against the server's longest lease too), but a release's token, checked here."""
+detach, note and force release, built and read here. What they carry comes checked, but for a
+release's token (checked here); a lease is also checked here against the server's longest lease."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from celery_dflock.client._servers import (
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import ForceReleaseUnsupported, ServerUnavailable
 
-Request = tuple[Command, bytes, float]
-"""(command, bytes, reply timeout)."""
+Request = tuple[Command, bytes, float]  # (command, bytes, reply timeout)
 
 
 def release_request(key: str, token: str, *, semaphore: bool = False) -> Request:

@@ -28,8 +28,7 @@ CLOSED_BY_SERVER: Final = (
 )
 
 REATTACH_FIRST_PAUSE_S: Final = 0.05
-REATTACH_MAX_PAUSE_S: Final = 1.0
-"""The pause after a failed reattach doubles from the first to the most."""
+REATTACH_MAX_PAUSE_S: Final = 1.0  # the pause after a failed reattach doubles up to this
 
 KEPT_MARGIN_S: Final = 5.0
 """A lease kept by session keep-alives is looked at again this long before it would end (not

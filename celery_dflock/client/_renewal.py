@@ -25,15 +25,11 @@ __all__ = ["MAX_RENEWAL_THREADS", "Renewal", "Renewer"]
 logger: Final = logging.getLogger("celery_dflock.client")
 
 MAX_RENEWAL_THREADS: Final = 32
-STALL_S: Final = 0.05
-"""A renewal under way for this long counts as stalled (its server slow or gone)."""
-EARLY_S: Final = 0.1
-"""A renewal due this soon is run now: the leader wakes once per tenth of a second at most."""
-_COMPACT_AT: Final = 64
-"""Rebuild the heap once it holds more cancelled renewals than this (and than live ones)."""
+STALL_S: Final = 0.05  # a renewal under way this long counts as stalled (its server slow or gone)
+EARLY_S: Final = 0.1  # a renewal due this soon runs now: the leader wakes once per 0.1 s at most
+_COMPACT_AT: Final = 64  # rebuild the heap when cancelled renewals outnumber this and the live
 
-RenewCallback = Callable[["Renewal"], bool]
-"""Renews once; True to be called again after the interval, False to stop."""
+RenewCallback = Callable[["Renewal"], bool]  # renews once; True: again after the interval
 
 
 class Renewal:

@@ -13,8 +13,7 @@ from celery_dflock.client import wire
 from celery_dflock.client._requests import NOTE_RE, TOKEN_RE, Command
 from celery_dflock.client.errors import ProtocolError
 
-MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024
-"""Longest ``stats`` reply the parser accepts (every other reply is one short line)."""
+MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024  # the longest `stats` reply (others: one line)
 
 _ERROR_CODE_RE: Final = re.compile(r"error(_[a-z_]+)?")
 _GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([1-9][0-9]*)" % wire.TOKEN_HEX_CHARS)
@@ -144,11 +143,9 @@ _ANSWERED_OK: Final = frozenset({
 })  # fmt: skip
 MAY_GRANT: Final = _GRANTING | {Command.ENQUEUE, Command.SEM_ENQUEUE}
 """The requests whose reply may be a grant (an enqueue's: ``acquired <token> <lease>``)."""
-_MOVABLE: Final = MAY_GRANT | {Command.FORCE_RELEASE}
-"""The requests a server may answer ``error_moved <HOST:PORT>``."""
+_MOVABLE: Final = MAY_GRANT | {Command.FORCE_RELEASE}  # may be answered `error_moved <HOST:PORT>`
 _MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
-_TICKET_RE: Final = re.compile(r"[!-~]{1,200}")
-"""An ask ticket: passed along as it came (printable ASCII, no space), never read."""
+_TICKET_RE: Final = re.compile(r"[!-~]{1,200}")  # an ask ticket, passed on as it came, never read
 
 
 def _unexpected(command: Command, line: bytes | bytearray, why: str = "") -> ProtocolError:

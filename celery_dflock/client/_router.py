@@ -24,8 +24,7 @@ from celery_dflock.client.sharding import CLUSTER, select_server
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
-MAP_REFRESH_INTERVAL_S: Final = 0.2
-"""A cached cluster map is refreshed at most this often (unless found wrong: then at once)."""
+MAP_REFRESH_INTERVAL_S: Final = 0.2  # a map refresh at most this often (found wrong: at once)
 REDIRECT_LOOP: Final = 3
 """``error_moved`` replies in a row one acquire follows at once; the next is a redirect loop:
 pause, read the map again, route by it."""

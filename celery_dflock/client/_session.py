@@ -20,12 +20,9 @@ from celery_dflock.client._settings import Endpoint
 
 __all__ = ["SESSION_KEEPALIVES", "SESSION_MARGIN_S", "ClientSession", "Holder", "Sessions"]
 
-SESSION_MARGIN_S: Final = 0.75
-"""Taken off a session's time for clock drift and late scheduling on a loaded machine."""
-PRUNE_EVERY_S: Final = 60.0
-"""How often the keep-alive forgets every lock of its session that was let go (`idle`)."""
-SESSION_KEEPALIVES: Final = 3
-"""Keep-alives per session time: a stall for most of its time costs nothing."""
+SESSION_MARGIN_S: Final = 0.75  # off a session's time: clock drift, late scheduling
+PRUNE_EVERY_S: Final = 60.0  # how often the keep-alive forgets its session's let-go locks (`idle`)
+SESSION_KEEPALIVES: Final = 3  # per session time: a stall for most of it costs nothing
 
 
 class Holder(Protocol):

@@ -30,12 +30,9 @@ MIN_SESSION_TTL_S: Final = 2
 """The shortest session time kept: the client counts a session over at its time less 0.75 s
 from a keep-alive's send, and sends one every third of it (1 s: over 0.08 s before the next)."""
 
-REPLY_GRACE_S: Final = 10.0
-"""How long a reply may take beyond the time the server was asked to wait."""
-JOIN_TIMEOUT_S: Final = REPLY_GRACE_S + 1.0
-"""How long `release` waits for the renewal thread / task to finish."""
-READ_TIMEOUT_MARGIN_S: Final = 3.0
-"""Renewals happen at least this long before the server's idle read timeout would fire."""
+REPLY_GRACE_S: Final = 10.0  # how long a reply may take past the time the server was asked to wait
+JOIN_TIMEOUT_S: Final = REPLY_GRACE_S + 1.0  # `release`'s wait for the renewal thread / task to end
+READ_TIMEOUT_MARGIN_S: Final = 3.0  # renew this long at least before the server's read timeout
 MIN_RENEW_INTERVAL_S: Final = 0.1
 MAX_RENEW_INTERVAL_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
 

@@ -24,8 +24,7 @@ __all__ = [
     "call_back", "gather", "pause",
 ]  # fmt: skip
 
-OpLock = threading.RLock
-"""Reentrant: ``on_lost`` may run in a thread that holds it."""
+OpLock = threading.RLock  # reentrant: `on_lost` may run in a thread that holds it
 
 RENEWAL_LINGER_S: Final = 30.0
 """A pool's renewal thread exits after this long with nothing to renew (it restarts on demand)."""

@@ -31,10 +31,8 @@ _EPOLL_EVENTS: Final = (
 )
 
 
-POLL_INTERVAL_MS: Final = 100
-"""How long one ``poll`` waits: a socket watched meanwhile is seen by the next one."""
-EPOLL_INTERVAL_MS: Final = 1000
-"""How long one epoll wait lasts (a socket watched meanwhile is seen by the wait under way)."""
+POLL_INTERVAL_MS: Final = 100  # one `poll`'s wait: a socket watched meanwhile is seen by the next
+EPOLL_INTERVAL_MS: Final = 1000  # one epoll wait; a socket watched meanwhile is seen by it
 
 
 def _unpatched_epoll() -> Callable[[], select.epoll] | None:
@@ -96,11 +94,9 @@ class _Poller:
         return epoll.poll(0) if readable else []
 
 
-LINGER_S: Final = 5.0
-"""How long the thread waits, with nothing watched, before it exits."""
+LINGER_S: Final = 5.0  # how long the thread waits, with nothing watched, before it exits
 
-WatchCallback = Callable[[], bool]
-"""Runs when the socket is readable; True to keep watching it, False to stop."""
+WatchCallback = Callable[[], bool]  # runs when the socket is readable; True: keep watching it
 
 
 class ConnectionWatcher:

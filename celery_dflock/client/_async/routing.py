@@ -21,10 +21,8 @@ from celery_dflock.client.errors import DflockError, ServerUnavailable
 
 Checkout = abc.Callable[[Endpoint], abc.Awaitable[AsyncConnection]]
 Checkin = abc.Callable[[AsyncConnection], abc.Awaitable[None]]
-Build = abc.Callable[[ServerInfo | None], Request]
-"""Makes a request for the server at hand (what it said to ``hello``)."""
-BuildAt = abc.Callable[[ServerInfo | None, str], Request]
-"""`Build`, told the server's ``host:port`` too (for its messages)."""
+Build = abc.Callable[[ServerInfo | None], Request]  # a request for the server at hand (its `hello`)
+BuildAt = abc.Callable[[ServerInfo | None, str], Request]  # `Build`, told its `host:port` too
 
 
 async def refresh_map(

@@ -23,10 +23,8 @@ from celery_dflock.client.errors import DflockError, ServerUnavailable
 
 Checkout = abc.Callable[[Endpoint], Connection]
 Checkin = abc.Callable[[Connection], None]
-Build = abc.Callable[[ServerInfo | None], Request]
-"""Makes a request for the server at hand (what it said to ``hello``)."""
-BuildAt = abc.Callable[[ServerInfo | None, str], Request]
-"""`Build`, told the server's ``host:port`` too (for its messages)."""
+Build = abc.Callable[[ServerInfo | None], Request]  # a request for the server at hand (its `hello`)
+BuildAt = abc.Callable[[ServerInfo | None, str], Request]  # `Build`, told its `host:port` too
 
 
 def refresh_map(
