@@ -271,7 +271,8 @@ class AsyncClient:
         return [self._settings.endpoint(*server)]
 
     async def close(self) -> None:
-        """Close the idle connections (the client stays usable; held locks keep theirs)."""
+        """Close the idle connections, having ended each client session that holds no lock object
+        (what it held by token ends with it); the client stays usable, held locks keep theirs."""
         await self._pool.aclose()
 
     async def __aenter__(self) -> Self:

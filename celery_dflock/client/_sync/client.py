@@ -271,7 +271,8 @@ class Client:
         return [self._settings.endpoint(*server)]
 
     def close(self) -> None:
-        """Close the idle connections (the client stays usable; held locks keep theirs)."""
+        """Close the idle connections, having ended each client session that holds no lock object
+        (what it held by token ends with it); the client stays usable, held locks keep theirs."""
         self._pool.close()
 
     def __enter__(self) -> Self:
