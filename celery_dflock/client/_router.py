@@ -25,16 +25,10 @@ from celery_dflock.client.sharding import CLUSTER, select_server
 logger: Final = logging.getLogger("celery_dflock.client")
 
 MAP_REFRESH_INTERVAL_S: Final = 0.2  # a map refresh at most this often (found wrong: at once)
-REDIRECT_LOOP: Final = 3
-"""``error_moved`` replies in a row one acquire follows at once; the next is a redirect loop:
-pause, read the map again, route by it."""
-HANDOVER_MIN_WAIT_S: Final = 2.0
-"""An acquire follows a hand-over for its acquire timeout, and at least this long (so a
-try-once acquire still gets its answer from the key's new member)."""
+REDIRECT_LOOP: Final = 3  # `error_moved`s followed at once in a row; the next: pause, map again
+HANDOVER_MIN_WAIT_S: Final = 2.0  # an acquire follows a hand-over this long at least (try-once too)
 UNAVAILABLE_FIRST_PAUSE_S: Final = 0.05
-UNAVAILABLE_MAX_PAUSE_S: Final = 1.0
-"""Retry pauses while following a hand-over double from the first to the most (each drawn
-between half and all of that, so clients do not retry in step)."""
+UNAVAILABLE_MAX_PAUSE_S: Final = 1.0  # hand-over retry pauses double up to this (each: half to all)
 
 
 @dataclass(frozen=True, slots=True)
