@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import socket
 
+import pytest
+
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
@@ -23,6 +25,7 @@ def _stop_while_connecting(upstream: tuple[str, int]) -> None:
         proxy.stop()
 
 
+@pytest.mark.timeout(600)  # 300 stops: about 30 s on an idle machine, 151 s under a heavy load
 def test_a_proxy_stopped_while_it_connects_upstream_leaves_no_task_or_socket(
     dflock_server: ServerThread,
 ) -> None:

@@ -37,8 +37,7 @@ def failure(endpoint: Endpoint, command: Command, exc: OSError, timeout: float) 
         )
     return ServerUnavailable(
         f"the connection to the lock server at {endpoint.address} failed during "
-        f"{command.label} ({exc.strerror or exc}); locks held on it are released by "
-        "the server"
+        f"{command.label} ({exc.strerror or exc})"
     )
 
 
