@@ -37,7 +37,7 @@ from tests.faults.workload import (
     now,
     read_events,
 )
-from tests.support.etcd import EtcdServer
+from tests.support.etcd import OBSERVER_TIMEOUT_S, EtcdServer
 from tests.support.ports import free_ports
 from tests.support.servers import rebalance
 from tests.support.wire import shards
@@ -208,7 +208,7 @@ class ClusterLockRun(LockRun):
         member.kill()  # returns once the process is reaped
         dead_t = now()
         assert self.etcd is not None
-        current = read_view(self.etcd.client(), self.prefix).shard_map
+        current = read_view(self.etcd.client(OBSERVER_TIMEOUT_S), self.prefix).shard_map
         keys = tuple(k for k in self.keys if current[shard_id(k)].current == member.advertise)
         self.cuts.append(Cut(t, None, done_t=now()))
         self.injections.append(Injection(f"{what} {member.advertise} SIGKILL", t))

@@ -44,7 +44,7 @@ from tests.faults.workload import (
     now,
     read_events,
 )
-from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.etcd import OBSERVER_TIMEOUT_S, EtcdServer, find_etcd
 from tests.support.processes import stop_process
 from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess, run_dflockd
@@ -242,13 +242,14 @@ class NemesisRun(ClusterLockRun):
     def etcd_owner(self, key: str) -> tuple[str, str]:
         """(current, target) of ``key``'s shard in etcd's map."""
         assert self.etcd is not None
-        assignment = read_view(self.etcd.client(), self.prefix).shard_map[shard_id(key)]
+        shard_map = read_view(self.etcd.client(OBSERVER_TIMEOUT_S), self.prefix).shard_map
+        assignment = shard_map[shard_id(key)]
         return assignment.current, assignment.target
 
     def keys_of(self, member: LockServer) -> tuple[str, ...]:
         """The run's keys whose shard ``member`` is the current node of, in etcd's map."""
         assert self.etcd is not None
-        shard_map = read_view(self.etcd.client(), self.prefix).shard_map
+        shard_map = read_view(self.etcd.client(OBSERVER_TIMEOUT_S), self.prefix).shard_map
         return tuple(k for k in self.keys if shard_map[shard_id(k)].current == member.advertise)
 
     def victim(self) -> DefaultMember:

@@ -50,6 +50,7 @@ from tests.faults.nemesis_run import (
     wait_for,
 )
 from tests.faults.workload import Injection, now
+from tests.support.etcd import OBSERVER_TIMEOUT_S
 from tests.support.wire import Wire, holders_and_waiters
 
 pytestmark = pytest.mark.timeout(300)
@@ -75,14 +76,14 @@ def one_shard_keys(count: int) -> tuple[str, ...]:
 def assignment_of(run: NemesisRun, key: str) -> ShardAssignment:
     """``key``'s shard's assignment in etcd's map."""
     assert run.etcd is not None
-    return read_view(run.etcd.client(), run.prefix).shard_map[shard_id(key)]
+    return read_view(run.etcd.client(OBSERVER_TIMEOUT_S), run.prefix).shard_map[shard_id(key)]
 
 
 def balanced(run: NemesisRun) -> bool:
     """Whether etcd's map has every running member the target of its share of the shards
     (within one), no shard moving and none split."""
     assert run.etcd is not None
-    shard_map = read_view(run.etcd.client(), run.prefix).shard_map
+    shard_map = read_view(run.etcd.client(OBSERVER_TIMEOUT_S), run.prefix).shard_map
     counts = shard_map.counts()
     running = {m.advertise for m in run.members if m.running}
     return (

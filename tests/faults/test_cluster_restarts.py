@@ -27,6 +27,7 @@ from tests.faults.nemesis_run import (
     wait_for,
 )
 from tests.faults.workload import now
+from tests.support.etcd import OBSERVER_TIMEOUT_S
 
 pytestmark = pytest.mark.timeout(240)
 """A nemesis run takes 20-60 s on a loaded 2-core machine; the suite's 120 s is too tight."""
@@ -139,7 +140,7 @@ def test_a_member_killed_and_restarted_in_place_gets_its_share_back_by_itself(
     itself, the restarted member served nothing until an operator ran the command."""
     with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=4804) as run:
         assert run.etcd is not None
-        etcd = run.etcd.client()
+        etcd = run.etcd.client(OBSERVER_TIMEOUT_S)
         run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
         victim = run.victim()
         keys = run.keys_of(victim)

@@ -102,6 +102,11 @@ def find_etcd() -> str | None:
     return os.environ.get("ETCD_BIN") or shutil.which("etcd")
 
 
+OBSERVER_TIMEOUT_S = 30.0
+"""A test's own reads of etcd (the map it checks against) beside members that load it: etcd
+answered the suite's 5 s client too late once, under a heavy load, mid-rebalance."""
+
+
 class EtcdServer:
     """One single-member etcd process on 127.0.0.1."""
 
