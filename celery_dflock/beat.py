@@ -1,5 +1,5 @@
 # pyright: reportMissingTypeStubs=false
-"""One active ``celery beat`` among many: :class:`SingletonScheduler`. What users see (failover,
+"""One active ``celery beat`` among many: `SingletonScheduler`. What users see (failover,
 "start from now", the shared store, entries that never overlap) is in
 [One active beat among many](../beat.md).
 
@@ -464,7 +464,7 @@ class SingletonScheduler(Scheduler):
 
     def _confirmed(self, leadership: Leadership | None) -> bool:
         """Ask the lock server now whether this beat leads, flagged as under way (see
-        :meth:`close`)."""
+        `close`)."""
         if leadership is None:
             return False
         asking, self._asking_lock_server = self._asking_lock_server, True
@@ -533,7 +533,7 @@ class SingletonScheduler(Scheduler):
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        """Confirm the lock with the server (unless :meth:`apply_entry` just did), then send
+        """Confirm the lock with the server (unless `apply_entry` just did), then send
         (with the non-overlap header if on); None, sending nothing, when not confirmed."""
         confirmed, self._send_confirmed = self._send_confirmed, False
         if not confirmed and not self._confirm_send(entry):

@@ -1,5 +1,5 @@
 # pyright: reportMissingTypeStubs=false
-"""The ``dflock_*`` settings of an app, read once into a :class:`DflockConfig` (cached on the
+"""The ``dflock_*`` settings of an app, read once into a `DflockConfig` (cached on the
 app), and a run's lock options resolved from them (`LockOptions`, `resolve_options`).
 
 Every lock option and setting, with its default and its check, is declared once, in the table
@@ -7,7 +7,7 @@ of `celery_dflock._settings`. A lock option resolves as Celery resolves its own 
 first match wins: per call, the task's ``dflock_task_locks`` entry (as ``task_annotations``, it
 lets an operator lock or tune a task without editing it), the task attribute, the app-wide
 ``dflock_*`` setting, the default ([Locked tasks](../locked-tasks.md)). Bad values raise
-:class:`DflockConfigError` naming the setting or option.
+`DflockConfigError` naming the setting or option.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def read_settings(conf: Any, specs: tuple[_settings.Spec[Any], ...]) -> dict[str
 
 @dataclass(frozen=True, slots=True)
 class DflockConfig:
-    """Every ``dflock_*`` setting of one app, validated (see :func:`get_config`)."""
+    """Every ``dflock_*`` setting of one app, validated (see `get_config`)."""
 
     client: ClientSettings = field(default_factory=ClientSettings)
     """The settings of this app's `Client` (servers, sharding, auth, TLS, times)."""
@@ -120,8 +120,8 @@ class DflockConfig:
 
 
 def get_config(app: Any) -> DflockConfig:
-    """The app's :class:`DflockConfig`, read on first use and cached on the app: change
-    ``dflock_*`` settings before the first locked task runs, or call :func:`reset_config` after."""
+    """The app's `DflockConfig`, read on first use and cached on the app: change
+    ``dflock_*`` settings before the first locked task runs, or call `reset_config` after."""
     config: object = getattr(app, _CONFIG_ATTR, None)
     if not isinstance(config, DflockConfig):
         config = DflockConfig.from_conf(app.conf, getattr(app, "namespace", None))
@@ -130,7 +130,7 @@ def get_config(app: Any) -> DflockConfig:
 
 
 def reset_config(app: Any) -> None:
-    """Forget the cached config: the next :func:`get_config` reads ``app.conf`` again."""
+    """Forget the cached config: the next `get_config` reads ``app.conf`` again."""
     if hasattr(app, _CONFIG_ATTR):
         delattr(app, _CONFIG_ATTR)
 

@@ -5,7 +5,7 @@ A key comes from a format template over the task's bound arguments, defaults app
 name plus a stable digest of the canonical JSON of all bound arguments (kombu's encoder, so
 UUIDs, dates and Decimals work).
 
-:func:`safe_key` turns the result into a key the server accepts (no whitespace, at most
+`safe_key` turns the result into a key the server accepts (no whitespace, at most
 ``MAX_LINE_BYTES`` bytes); a key that needs changing keeps a readable prefix and gains a
 digest of the original, so two different raw keys never collapse into one.
 """
@@ -131,7 +131,7 @@ def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def check_template(template: str, run: Callable[..., Any], *, task_name: str) -> None:
-    """Raise :class:`KeyDerivationError` if ``template`` names a field ``run`` does not take."""
+    """Raise `KeyDerivationError` if ``template`` names a field ``run`` does not take."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:

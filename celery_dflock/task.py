@@ -128,7 +128,7 @@ class LockedTask(Task):
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Task.apply_async`; lock options given here apply to this call.
+        """As `celery.Task.apply_async`; lock options given here apply to this call.
 
         With ``lock_from="publish"`` the key is taken first: while another task holds it,
         nothing is sent and ``on_duplicate`` says what the caller gets."""
@@ -208,7 +208,7 @@ class LockedTask(Task):
         headers: Any = None,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Task.apply`; lock options given here apply to this run (a bad one
+        """As `celery.Task.apply`; lock options given here apply to this run (a bad one
         is refused, naming it). With ``lock_from="publish"`` and the key held, the eager run
         fails at once with `AlreadyQueued`."""
         if options:
@@ -240,7 +240,7 @@ class LockedTask(Task):
         max_retries: int | None = None,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Task.retry`, but the lock is released before the retry is sent;
+        """As `celery.Task.retry`, but the lock is released before the retry is sent;
         a run holding its key from publish (``lock_from="publish"``) hands the hold on to the
         retry instead, so no duplicate can be queued during the countdown. With
         ``throw=False`` the body goes on: it keeps its lock, and the retry waits for it."""
@@ -272,7 +272,7 @@ class LockedTask(Task):
             raise
 
     def on_replace(self, sig: Any) -> Any:
-        """As :meth:`celery.Task.on_replace`, but the lock is released before the replacement
+        """As `celery.Task.on_replace`, but the lock is released before the replacement
         is sent (or run, eagerly), as `retry` does: a replacement of the same key is no
         duplicate of this run, nor waits for it."""
         if (lock := held_lock(self._celery.request)) is not None:

@@ -113,6 +113,6 @@ class Channel(filesystem.Channel):
 
 
 class Transport(filesystem.Transport):
-    """kombu's filesystem transport, with :class:`Channel`'s atomic puts and bindings."""
+    """kombu's filesystem transport, with `Channel`'s atomic puts and bindings."""
 
     Channel = Channel
