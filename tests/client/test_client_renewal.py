@@ -121,35 +121,42 @@ def test_many_locks_share_few_threads_each_renewed_at_its_interval(
 ) -> None:
     servers = [dflock_server.address]
     before = _renewal_threads()
+    # 2 s leases, renewed every second: a second's starvation of the renewal threads (this test
+    # beside six busy workers on two cores) is not a loss; at 1 s, 13 of 30 were lost so once
     short = [
-        DistributedLock(f"short-{i}", lease_ttl_s=1, servers=servers, pool=pool) for i in range(30)
+        DistributedLock(f"short-{i}", lease_ttl_s=2, servers=servers, pool=pool) for i in range(30)
     ]
     long = DistributedLock("long", lease_ttl_s=60, servers=servers, pool=pool)
-    for lock in [*short, long]:
-        assert lock.acquire()
-    # 2.5 s is 2.5 leases of the short locks (renewed every 0.5 s): without renewal they expire
-    assert not short[0].lost_event.wait(2.5)
-    leases = _leases(dflock_server.address)
-    assert set(leases) == {lock.key for lock in [*short, long]}
-    for lock in short:
-        assert lock.owned() and not lock.lost, lock
-        assert 0 < leases[lock.key] <= 1.0
-    # on a session connection the long lock renews too, every second (the keepalive of
-    # issue 47: a third of the server's session time), not every 30 s: still held
-    assert 0 < leases["long"] <= 60
-    assert long.owned()
-    threads = _renewal_threads() - before
-    # 31 locks, renewals every 0.5 s: a couple of threads (a spare keeps time while one
-    # renews), never one per lock
-    assert 1 <= len(threads) <= 12, threads
-    # A spare that lingered out is uncounted just before it ends (seen: 9 counted, 11 alive).
-    deadline = time.monotonic() + 5.0
-    while pool.renewer.thread_count != len(_renewal_threads() - before):
-        assert time.monotonic() < deadline, (pool.renewer, _renewal_threads() - before)
-        time.sleep(0.01)
-    for lock in [*short, long]:
-        assert lock.release() is True
-    assert held_keys(dflock_server.address) == set()
+    try:
+        for lock in [*short, long]:
+            assert lock.acquire()
+        # 5 s is 2.5 leases of the short locks: without renewal they expire
+        assert not short[0].lost_event.wait(5.0)
+        leases = _leases(dflock_server.address)
+        assert set(leases) == {lock.key for lock in [*short, long]}
+        for lock in short:
+            assert lock.owned() and not lock.lost, lock
+            assert 0 < leases[lock.key] <= 2.0
+        # on a session connection the long lock renews too, every second (the session's
+        # keepalive: a third of the server's session time), not every 30 s: still held
+        assert 0 < leases["long"] <= 60
+        assert long.owned()
+        threads = _renewal_threads() - before
+        # 31 locks, renewals every second: a couple of threads (a spare keeps time while one
+        # renews), never one per lock
+        assert 1 <= len(threads) <= 12, threads
+        # A spare that lingered out is uncounted just before it ends (seen: 9 counted, 11 alive).
+        deadline = time.monotonic() + 5.0
+        while pool.renewer.thread_count != len(_renewal_threads() - before):
+            assert time.monotonic() < deadline, (pool.renewer, _renewal_threads() - before)
+            time.sleep(0.01)
+        for lock in [*short, long]:
+            assert lock.release() is True
+        assert held_keys(dflock_server.address) == set()
+    finally:
+        # a failure above must not leave sockets for the next test's unraisable-warning check
+        for lock in [*short, long]:
+            lock.release()
 
 
 def test_a_lock_without_a_pool_leaves_no_thread(dflock_server: ServerThread) -> None:
