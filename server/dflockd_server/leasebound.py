@@ -61,16 +61,26 @@ class LeaseBound:
     async def start(
         cls, loop: asyncio.AbstractEventLoop, make_record: Callable[[], LeaseRecord]
     ) -> LeaseBound:
-        """Record the start's bound (``make_record`` writes and publishes it) on the thread."""
+        """Record the start's bound (``make_record`` writes and publishes it) on the thread. A
+        member whose publish fails (etcd does not answer) tries again, pausing up to 10 s, and
+        serves nothing meanwhile: the bound etcd has covers what its last run granted."""
         executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dflockd-lease-bound"
         )
+        pause = 1.0
         try:
-            record = await loop.run_in_executor(executor, make_record)
+            while True:
+                try:
+                    record = await loop.run_in_executor(executor, make_record)
+                except FenceStateError as exc:
+                    log.warning("%s: not serving yet, trying again in %g s", exc, pause)
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 10.0)
+                else:
+                    return cls(record, loop, executor)
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(record, loop, executor)
 
     def wait_for(self, lease_ttl: int, resume: Resume) -> None:
         """Call ``resume`` once a bound of at least ``lease_ttl`` is recorded, or failed."""

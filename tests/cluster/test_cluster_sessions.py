@@ -200,9 +200,9 @@ def test_a_restarted_split_target_that_cannot_yet_tell_its_shards_keeps_the_hold
             reading = proxy.hold_reply_after(ceilings_end)
             b.start()
             assert reading.wait(WAIT_S), "b's new run never read the fence ceilings"
-            # Its retries too: it cannot raise its counter meanwhile. Shorter than the members'
-            # 5 s etcd timeout: a start whose publish of its longest lease times out exits
-            # (`cannot publish the longest lease in etcd`), a defect of its own, not this test's.
+            # Its retries too: it cannot raise its counter meanwhile (shorter than the members'
+            # 5 s etcd timeout, past which its start would wait for its lease bound's publish:
+            # test_lease_publish).
             proxy.stall(SESSION_S + 1)
             time.sleep(SESSION_S)  # the holder asks b's new run again, every second at most
             assert not held.lost, f"{held!r} was told a loss while its grant was restored"

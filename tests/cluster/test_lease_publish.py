@@ -9,14 +9,17 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from celery_dflock.client.clients import Client
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.fencestore import published_longest
 from dflockd_server.testing import ServerThread
 from tests.support.etcd import EtcdServer
+from tests.support.fleet import Fleet, cluster_url
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
@@ -129,3 +132,39 @@ def test_a_publish_etcd_never_answers_refuses_that_grant_and_the_next_one_publis
         reply = wire.req("l", "long", f"0 {LONG_LEASE_S}").split()
         assert reply[0] == "ok" and reply[2] == str(LONG_LEASE_S), reply
         assert published_longest(etcd, prefix)[advertise] >= LONG_LEASE_S
+
+
+ETCD_TIMEOUT_S = 5
+"""A member's etcd client gives up on a request after this."""
+
+
+@pytest.mark.timeout(300)
+def test_a_member_restarted_while_etcd_holds_its_lease_bound_publish_serves_once_etcd_answers(
+    etcd_server: EtcdServer, etcd_proxy: FaultProxy, etcd_prefix: str, tmp_path: Path
+) -> None:
+    """A member restarted in place publishes the longest lease of its new run before it serves.
+    etcd holds the reply past the member's etcd timeout: the start exited (``cannot publish the
+    longest lease in etcd``), and the holder of a key it had granted kept a lease no server
+    renewed. It now tries again, serving nothing meanwhile, and once etcd answers it serves,
+    the holder's grant restored from its journal."""
+    lease = 40  # outlasts the kill, the held publish and the new run's start
+    args = ("--max-lease-ttl", str(lease), "--restart-grace", "0")
+    with Fleet.on(etcd_server, etcd_prefix, tmp_path, *args) as fleet:
+        a = fleet.start(cluster_url(f"http://127.0.0.1:{etcd_proxy.address[1]}", fleet.prefix))
+        fleet.wait_settled("the member's first shard map")
+        with Client(fleet.seeds(), sharding_strategy="cluster") as holding:
+            held = holding.lock("restarted", lease_ttl_s=lease)
+            assert held.acquire() and held.server == a.address
+            a.kill()
+            key = f"{fleet.prefix}/longest/{a.advertise}"
+            publish = etcd_proxy.hold_reply_after(base64.b64encode(key.encode()))
+            a.start()
+            assert publish.wait(WAIT_S), "the new run never published its longest lease"
+            time.sleep(ETCD_TIMEOUT_S + 2)
+            assert a.proc.poll() is None, "\n".join(a.log()[-5:])
+            assert any("not serving yet" in line for line in a.log())
+            etcd_proxy.release_replies()
+            a.wait_listening()
+            wait_until(held.renew, timeout=WAIT_S, what="the holder renews on a's new run")
+            assert held.owned() and not held.lost
+            assert held.release()
