@@ -149,7 +149,8 @@ class SimMember:
     # ------------------------------------------------------------------ life
     def start(self) -> None:
         """The process starts (again): a fence counter above its ceiling in etcd, a node, a
-        server (retried while etcd does not answer, as a supervisor restarts it)."""
+        server (retried whole after 1 s while etcd does not answer; the real start tries its
+        lease bound's publish again in place, serving nothing meanwhile: ``LeaseBound.start``)."""
         run = self.run
         if not self.proc.alive:
             self.proc.start()
