@@ -286,7 +286,11 @@ def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> Iterator[str
         if not isinstance(given, str) or raw_env is None:
             continue
         name, text = raw_env
-        if setting.take(given, setting.flag) != setting.take(text, name):
+        try:
+            differs = setting.take(given, setting.flag) != setting.take(text, name)
+        except ValueError:  # the flag's value is refused: unused all the same
+            differs = True
+        if differs:
             yield (
                 f"{setting.flag} {given!r} is not used: the environment variable "
                 f"{name}={text!r} wins over the flag; unset it, or give the value there"

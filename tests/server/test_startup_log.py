@@ -156,3 +156,19 @@ def test_a_flag_an_environment_variable_overrides_is_warned_about(
     proc.kill()
     # the same value both ways (the host) is no conflict: one warning only
     assert sum("is not used" in line for line in proc.lines) == 1, proc.lines
+
+
+def test_a_flag_whose_value_is_refused_and_overridden_is_warned_about_not_a_traceback(
+    dflockd_process: Any,
+) -> None:
+    """A flag whose value is refused (``--port abc``) while its environment variable is set:
+    the variable wins, and the start warns that the flag is not used. The warning's check
+    parsed the flag's value again and ended the start in a ``ValueError`` traceback."""
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "abc", "--state-dir", "none", env={"DFLOCKD_PORT": "0"}
+    )  # fmt: skip
+    proc.wait_listening()
+    warning = proc.wait_for("is not used")
+    assert "--port 'abc' is not used" in warning and "DFLOCKD_PORT='0'" in warning, warning
+    proc.kill()
+    assert not any("Traceback" in line for line in proc.lines), proc.lines
