@@ -101,10 +101,6 @@ def _framed(payload: bytes) -> bytes:
     )
 
 
-def _line(payload: str) -> bytes:
-    return _framed(payload.encode())
-
-
 def _batched(records: list[bytes]) -> list[bytes]:
     """``records`` in batches of ``BATCH_BYTES`` at most, each after its ``K`` line when it holds
     ``BATCH_RECORDS`` or more: the pieces of one write."""
@@ -252,7 +248,8 @@ class Journal:
 
     def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
         """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
-        self.buf.append(_line(f"X {token} {lease_ttl} {self._until(expires_at, lease_ttl)}"))
+        until = self._until(expires_at, lease_ttl)
+        self.buf.append(_framed(f"X {token} {lease_ttl} {until}".encode()))
         return expires_at if self.record_renewals else expires_at + lease_ttl
 
     def move(
@@ -271,18 +268,18 @@ class Journal:
         payload = f"M {token} {self._mode(detached, on_close)} {lease_ttl} {until}"
         if note is not None:
             payload += " " + note
-        self.buf.append(_line(payload))
+        self.buf.append(_framed(payload.encode()))
         self._must_sync = True
         return expires_at if self.record_renewals else expires_at + longest
 
     def note(self, token: str, note: str | None) -> None:
-        self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
+        self.buf.append(_framed((f"N {token}" if note is None else f"N {token} {note}").encode()))
         self._must_sync = True
 
     def _header(self) -> bytes:
-        return _line(
+        return _framed(
             f"H {VERSION} {self._lifetime} {self._anchor_wall_ms} {self._anchor_mono_ms} "
-            f"{self.fsync}"
+            f"{self.fsync}".encode()
         )
 
     @property
@@ -566,7 +563,7 @@ class Journal:
     def close(self) -> None:
         """Write what is buffered and a ``C`` record, fsync, and close the file (a failed fsync
         raises, the ``C`` record cut and the ``complete`` mark removed)."""
-        closing = _line("C")
+        closing = _framed(b"C")
         try:
             if self.writable:
                 self.buf.append(closing)
