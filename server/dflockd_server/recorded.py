@@ -123,10 +123,7 @@ class RecordedGrants:
         runs = self._runs
         if runs and len(runs[-1]) < _MIN_RUN:
             run = runs[-1]
-            others = self._others
-            for kept in run:
-                if kept is not None:
-                    others[kept.token] = kept
+            self._others.update((kept.token, kept) for kept in run if kept is not None)
             run.clear()  # (the list is the new run's)
             run.append(rec)
             self._bases[-1] = fence
