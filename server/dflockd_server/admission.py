@@ -38,8 +38,6 @@ class Admission:
         self._draining = draining
         self.connections: set[Connection] = set()
         self.per_ip: dict[str, int] = {}  # the admitted connections of each client address
-        self.shares: AddressShares | None = None
-        """What each address holds, in the table (``share_table``); None: no cap."""
         self.ip_cap_logged: dict[str, float] = {}
         self.open_transports = 0  # transports made and not yet lost, admitted or refused
         self.connections_accepted = 0
@@ -69,19 +67,14 @@ class Admission:
 
     def share_table(self, table: LockTable) -> None:
         if cap := self.config.locks_per_ip:
-            shares = self.shares = table.grants.shares = AddressShares(cap)
+            shares = table.grants.shares = AddressShares(cap)
             shares.refused = self._refused
 
     def over_ip_share(self, session: Session) -> bool:
-        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip``."""
-        shares = self.shares
-        if shares is None:
-            return False
-        load = shares.load(session.ip)
-        if load < session.locks_per_ip:  # the caller saw the table hold at least that many keys
-            return False
-        self._refused(session.ip, load)
-        return True
+        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip`` (the
+        caller saw the table hold at least that many keys)."""
+        shares = session.grants.shares
+        return shares is not None and shares.over_cap(session.ip)
 
     def _refused(self, ip: str, load: int) -> None:
         """An acquire from ``ip`` refused by the cap: logged once a minute per address."""

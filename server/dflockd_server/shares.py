@@ -62,10 +62,16 @@ class AddressShares:
         ip = self.ip_of.get(client)
         if ip is None or n_keys < self.cap or self.address(holder) == ip:
             return
-        if (load := self.load(ip)) >= self.cap:
-            if (refused := self.refused) is not None:
-                refused(ip, load)
+        if self.over_cap(ip):
             raise MaxLocks(holder.key)
+
+    def over_cap(self, ip: str) -> bool:
+        """Whether ``ip``'s load reaches the cap; each refusal is told to ``refused``."""
+        if (load := self.load(ip)) < self.cap:
+            return False
+        if (refused := self.refused) is not None:
+            refused(ip, load)
+        return True
 
     def granted(self, holder: Holder, taker: Client) -> None:
         """``holder`` was just granted for ``taker``'s request (bound to it, or detached)."""
