@@ -155,7 +155,7 @@ class Grants:
             return state
         if isinstance(entry, Holder):  # a lock nobody waited for: it gets a state now
             if entry.live and now >= entry.expires_at:
-                self.expire_bare(entry, now)
+                self.free_holder(entry, None, now, self.counts.expiries)
             if not entry.live:  # was idle
                 state = states[key] = KeyState(key, is_sem, wanted, now)
                 return state
@@ -223,7 +223,7 @@ class Grants:
             if entry.live:
                 if now < entry.expires_at:
                     return None
-                self.expire_bare(entry, now)
+                self.free_holder(entry, None, now, self.counts.expiries)
         elif entry.n_waiting:
             return None
         elif entry.n_held:
@@ -340,9 +340,6 @@ class Grants:
         """The state that holds the live ``holder`` (``None``: it is its key's entry)."""
         entry = self.keys[holder.key]
         return entry if isinstance(entry, KeyState) else None
-
-    def expire_bare(self, holder: Holder, now: float) -> None:
-        self.free_holder(holder, None, now, self.counts.expiries)
 
     def check(self, state: KeyState, now: float) -> int:
         """Expire the key's run-out leases and hand their slots on; returns how many."""
@@ -475,7 +472,7 @@ class Grants:
             if not entry.live:
                 return None
             if now >= entry.expires_at:
-                self.expire_bare(entry, now)
+                self.free_holder(entry, None, now, self.counts.expiries)
                 return None
             return entry if entry.token == token else None
         state = entry

@@ -686,7 +686,7 @@ class LockTable:
         for holder in grants.leases.due(now):
             if holder.live and holder.expires_at <= now:
                 if (state := grants.state_of(holder)) is None:
-                    grants.expire_bare(holder, now)
+                    grants.free_holder(holder, None, now, grants.counts.expiries)
                     expired += 1
                 else:
                     expired += grants.check(state, now)
