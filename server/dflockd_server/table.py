@@ -475,9 +475,7 @@ class LockTable:
 
     def holds(self, key: str, token: str) -> bool:
         """Whether ``token`` holds ``key`` now (its run-out leases expire on the way)."""
-        grants = self.grants
-        entry = grants.keys.get(key)
-        return entry is not None and grants.live_holder(entry, token, self.clock()) is not None
+        return self.grants.holder_of(key, token) is not None
 
     def renew(
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
