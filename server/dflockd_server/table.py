@@ -234,25 +234,19 @@ class LockTable:
             if not client.n_held:
                 self._leave(kept, client)
         elif by_peer and self.auto_release_on_disconnect:
-            if client.session:
-                self._end_session(client, now)
-            else:
+            if not client.session:
                 self._lose(list(client.held), now)
+            else:  # a session connection: each grant ends by ``session_ttl_s``
+                end = now + self.session_ttl_s
+                for holder in client.held:
+                    if holder.live and holder.expires_at > end:
+                        holder.pin_since()
+                        holder.expires_at = end
+                        state = grants.state_of(holder)
+                        if state is not None and end < state.earliest:
+                            state.earliest = end
+                        grants.leases.add(holder, end, self.session_ttl_s)
         grants.flush()
-
-    def _end_session(self, client: Client, now: float) -> None:
-        """A session connection closed by its peer: each grant ends by ``session_ttl_s``."""
-        grants = self.grants
-        ttl = self.session_ttl_s
-        end = now + ttl
-        for holder in client.held:
-            if not holder.live or holder.expires_at <= end:
-                continue
-            holder.pin_since()
-            holder.expires_at = end
-            if (state := grants.state_of(holder)) is not None and end < state.earliest:
-                state.earliest = end
-            grants.leases.add(holder, end, ttl)
 
     def acquire(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
         self,
