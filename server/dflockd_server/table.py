@@ -52,8 +52,6 @@ from dflockd_server.leases import COMPACT_MIN
 __all__ = ["AlreadyEnqueued", "Bound", "Client", "ClientSession", "Entry", "Holder", "KeyState",
            "LimitMismatch", "LockTable", "MaxLocks", "MaxWaiters", "Waiter"]  # fmt: skip
 
-_EXPIRES_AT = operator.attrgetter("expires_at")
-
 
 def _run_of(holder: Holder, now: float) -> int:
     """The lease index's run of a grant restored at ``now``: its lease's, or, if it runs longer
@@ -595,7 +593,7 @@ class LockTable:
                     highest = max(highest, fence_of(token))
                 elif token > last:  # (same width, lowercase hex: as their numbers compare)
                     last = token
-            holders.sort(key=_EXPIRES_AT)
+            holders.sort(key=operator.attrgetter("expires_at"))
             for holder in holders:
                 index.add(holder, holder.expires_at, _run_of(holder, now))
         finally:
