@@ -422,9 +422,7 @@ class AsyncLockBase:
                     holding.checkout,
                     holding.checkin,
                     core.endpoint,
-                    lambda server: _by_token.note_request(
-                        server, core.endpoint.address, core.key, token, note
-                    ),
+                    partial(_by_token.note_request, key=core.key, token=token, note=note),
                 )
                 found = _by_token.done(command, reply, core.key, core.endpoint)
                 # Not known at the key's node: maybe at its moving shard's target.

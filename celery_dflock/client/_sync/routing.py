@@ -59,13 +59,13 @@ def refresh_map(
 
 
 def request_once(
-    checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: Build, asking: bytes = b""
+    checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: BuildAt, asking: bytes = b""
 ) -> tuple[Command, Reply]:
-    """One request on a pooled connection, after ``asking`` (if any) was admitted there (a
-    refused one is the reply)."""
+    """One request on a pooled connection to ``endpoint`` (``build`` told its address), after
+    ``asking`` (if any) was admitted there (a refused one is the reply)."""
     conn = checkout(endpoint)
     try:
-        command, data, timeout = build(conn.server)
+        command, data, timeout = build(conn.server, endpoint.address)
         if asking and not isinstance(admitted := conn.request(Command.ASKING, asking), Ok):
             return Command.ASKING, admitted
         reply = conn.request(command, data, timeout)
@@ -87,23 +87,13 @@ def send_by_token(
         refresh_map(router, pool.checkout, pool.checkin, settings, f"key {key!r}")
     owner = server_of(key, settings, router)
     endpoint = settings.endpoint(*owner)
-    command, reply = _request_at(pool, endpoint, build)
+    command, reply = request_once(pool.checkout, pool.checkin, endpoint, build)
     target = None if router is None else router.target(key)
     if target is not None and target != owner and reply == ErrorReply(wire.STATUS_ERROR):
         # Not known at the current member: a key of a split shard may be held at its target.
         endpoint = settings.endpoint(*target)
-        command, reply = _request_at(pool, endpoint, build)
+        command, reply = request_once(pool.checkout, pool.checkin, endpoint, build)
     return command, reply, endpoint
-
-
-def _request_at(
-    pool: ConnectionPool, endpoint: Endpoint, build: BuildAt, asking: bytes = b""
-) -> tuple[Command, Reply]:
-    """`request_once` on a connection of ``pool``, ``build`` told ``endpoint``'s address."""
-    address = endpoint.address
-    return request_once(
-        pool.checkout, pool.checkin, endpoint, lambda server: build(server, address), asking
-    )
 
 
 def send_to_owner(
@@ -127,5 +117,5 @@ def send_to_owner(
             router.invalidate()
         asking = _requests.encode_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
         endpoint = settings.endpoint(*split_address(reply.address))
-        command, reply = _request_at(pool, endpoint, build, asking)
+        command, reply = request_once(pool.checkout, pool.checkin, endpoint, build, asking)
     return command, reply, endpoint
