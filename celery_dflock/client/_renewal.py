@@ -277,7 +277,9 @@ class _Schedule:
                     if self.live:  # someone must keep time for the others meanwhile
                         if self._spares:
                             self._spare.notify()
-                        elif self.threads < MAX_RENEWAL_THREADS and self._all_stalled(now):
+                        elif self.threads < MAX_RENEWAL_THREADS and all(
+                            now - started > STALL_S for started in self._busy.values()
+                        ):
                             self._start_spare()
                     self._busy[me] = now
                     return renewal
@@ -297,9 +299,6 @@ class _Schedule:
                 self._wake.wait(timeout)
             finally:
                 self._leader = False
-
-    def _all_stalled(self, now: float) -> bool:
-        return all(now - started > STALL_S for started in self._busy.values())
 
     def _finish(self, renewal: Renewal, keep: bool) -> None:
         """After a callback ran (mutex held): schedule its next run, wake `wait` callers."""
