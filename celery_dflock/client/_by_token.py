@@ -22,7 +22,7 @@ Request = tuple[Command, bytes, float]  # (command, bytes, reply timeout)
 def release_request(key: str, token: str, *, semaphore: bool = False) -> Request:
     token = _requests.validate_token(token)
     if semaphore:
-        return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
+        return Command.SEM_RELEASE, _requests.checked_sem_release(key, token), REPLY_GRACE_S
     return Command.RELEASE, _requests.checked_release(key, token), REPLY_GRACE_S
 
 

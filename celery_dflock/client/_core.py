@@ -204,7 +204,7 @@ class LockCore:
         token = self._held_token()  # a token a grant reply matched: no second check
         if self.routing.limit is None:
             return Command.RELEASE, checked_release(self.routing.key, token), REPLY_GRACE_S
-        return Command.SEM_RELEASE, _requests.encode_sem_release(self.key, token), REPLY_GRACE_S
+        return Command.SEM_RELEASE, _requests.checked_sem_release(self.key, token), REPLY_GRACE_S
 
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True

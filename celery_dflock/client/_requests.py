@@ -165,8 +165,8 @@ def checked_wait(command: Command, key: str, timeout_s: int) -> bytes:
     return _request(command, key, str(timeout_s))
 
 
-def encode_sem_release(key: str, token: str) -> bytes:
-    return _request(Command.SEM_RELEASE, validate_key(key), validate_token(token))
+def checked_sem_release(key: str, token: str) -> bytes:
+    return _request(Command.SEM_RELEASE, key, token)
 
 
 def checked_auth(secret: str) -> bytes:

@@ -267,7 +267,7 @@ def test_encoders_produce_exact_requests() -> None:
     assert (
         _requests.checked_renew(Command.SEM_RENEW, "s", TOKEN, 8) == f"sn\ns\n{TOKEN} 8\n".encode()
     )
-    assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
+    assert _requests.checked_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
     assert _requests.checked_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert _requests.STATS_REQUEST == b"stats\n_\n_\n"
     assert _requests.PING_REQUEST == b"ping\n_\n_\n"
@@ -286,7 +286,7 @@ def test_every_command_has_an_encoder() -> None:
         _requests.checked_enqueue("k", 2, None),
         _requests.checked_wait(Command.SEM_WAIT, "k", 1),
         _requests.checked_renew(Command.SEM_RENEW, "k", TOKEN, None),
-        _requests.encode_sem_release("k", TOKEN),
+        _requests.checked_sem_release("k", TOKEN),
         _requests.checked_auth("x"),
         _requests.STATS_REQUEST,
         _requests.PING_REQUEST,
@@ -341,7 +341,7 @@ def test_longest_key_is_accepted() -> None:
         (lambda: check_limit(0), "limit must be None .* from 1 to 1048576"),
         (lambda: check_limit(1_048_577), "limit must be None"),
         (lambda: _by_token.release_request("k", TOKEN.upper()), "32 lowercase hex"),
-        (lambda: _requests.encode_sem_release("k", TOKEN + "\n"), "32 lowercase hex"),
+        (lambda: _by_token.release_request("k", TOKEN + "\n", semaphore=True), "32 lowercase hex"),
         (lambda: check_auth_token(""), "non-empty"),
         (lambda: check_auth_token("line\nbreak"), "line breaks"),
         (lambda: check_auth_token("secret\n"), "trailing newline"),

@@ -185,5 +185,5 @@ def release_behind_its_back(
     address: tuple[str, int], key: str, token: str, semaphore: bool = False
 ) -> None:
     """Release ``token`` from another connection (tokens are bearer credentials)."""
-    encode = _requests.encode_sem_release if semaphore else checked_release
+    encode = _requests.checked_sem_release if semaphore else checked_release
     assert raw_request(address, encode(key, token)) == b"ok"
