@@ -146,7 +146,10 @@ def fenced_upsert(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=True)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
-    dialect = _dialect(connection, fenced.table)
+    if isinstance(connection, Connection):
+        dialect = connection.dialect
+    else:  # the bind the Session writes the table to
+        dialect = connection.get_bind(clause=fenced.table).dialect
     statement = fenced.statement(dialect, values, update)
     with column_checked(fenced):
         result = connection.execute(statement)
@@ -168,10 +171,3 @@ def _written_on(connection: _Blocking, statement: sa.Executable, table: Target) 
     subject: object = sa.inspect(table)  # an ORM mapped class's Mapper, given for the write
     mapper = cast("Mapper[Any]", subject) if isinstance(subject, Mapper) else None
     return connection.connection(bind_arguments={"clause": statement, "mapper": mapper})
-
-
-def _dialect(connection: _Blocking, table: sa.Table) -> sa.Dialect:
-    """The dialect of the database that ``connection`` writes ``table`` to."""
-    if isinstance(connection, Connection):
-        return connection.dialect
-    return connection.get_bind(clause=table).dialect
