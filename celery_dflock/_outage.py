@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from celery_dflock._celery import task_logger as logger
 from celery_dflock._request import OUTAGE_HEADER, Message, backoff, header, mapping_of, resend
@@ -77,8 +77,7 @@ class OutageWait:
         return None if time.monotonic() + pause >= self.deadline else pause
 
 
-@dataclass(frozen=True, slots=True)
-class OutageState:
+class OutageState(NamedTuple):
     """What `OUTAGE_HEADER` says: since when the run has met the outage, and its retries."""
 
     since: float
@@ -106,10 +105,8 @@ def retry_outage(
 ) -> BaseException:
     """The run's wait for its unreachable server is over: the exception to raise (a resend's
     `Retry` within `OUTAGE_BUDGET_S`, else `ServerUnavailable`)."""
-    state = outage_of(message.request)
     now = time.time()
-    since = state.since if state is not None else now - (time.monotonic() - wait.started)
-    retries = state.retries if state is not None else 0
+    since, retries = outage_of(message.request) or (now - (time.monotonic() - wait.started), 0)
     down_s = max(0.0, now - since)
     direct = bool(message.request.called_directly or message.request.is_eager)
     if direct or down_s >= OUTAGE_BUDGET_S:
