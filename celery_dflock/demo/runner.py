@@ -60,7 +60,7 @@ class _Stop(Exception):
 
 
 class _StopRequest:
-    """Notes SIGTERM/SIGINT; the demo stops at its next check, never halfway through a spawn."""
+    """Notes SIGTERM/SIGINT; the demo stops at its next sleep, never halfway through a spawn."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -68,14 +68,11 @@ class _StopRequest:
     def handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signal_name = signal.Signals(signum).name
 
-    def check(self) -> None:
-        if self.signal_name is not None:
-            raise _Stop(self.signal_name)
-
     def sleep(self, seconds: float) -> None:
-        self.check()
-        time.sleep(seconds)
-        self.check()
+        if self.signal_name is None:
+            time.sleep(seconds)
+        if self.signal_name is not None:  # asked before, or while it slept
+            raise _Stop(self.signal_name)
 
 
 @contextmanager
