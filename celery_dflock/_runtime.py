@@ -85,7 +85,13 @@ class TaskRuns:
             given = bound[1]
         else:  # changed since the bind (or never bound): they enter here
             given = _read(attributes, name)
-        locked = _is_locked(task, config, attributes)
+        # Locked with a lock option, a dflock_task_locks entry, or base=LockedTask named (not
+        # inherited only through the app's task_cls); with call options, always.
+        locked = (
+            name in config.task_locks
+            or any(value is not None for value in attributes)
+            or not isinstance(task, task._get_app().Task)
+        )
         options = resolve_options(config, name, given, None) if locked else None
         plan = self.plan = _Plan(config, attributes, given, options)
         return plan
@@ -122,15 +128,6 @@ def check_attributes(task_cls: type[Any], name: str) -> None:
     """Check the lock attributes a task class is bound with, and keep them for its runs."""
     attributes = _attributes(task_cls)
     setattr(task_cls, _CHECKED_ATTR, (attributes, _read(attributes, name)))
-
-
-def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
-    """Whether runs without call options are locked (with call options they always are)."""
-    if str(task.name) in config.task_locks or any(value is not None for value in attributes):
-        return True
-    # base=LockedTask named explicitly: always locked. Inherited only through the
-    # app's task_cls: locked only with a lock option (checked above).
-    return not isinstance(task, task._get_app().Task)
 
 
 def options_for(
