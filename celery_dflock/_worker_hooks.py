@@ -256,9 +256,14 @@ class _Hooks:
     def lost_child(self, sender: Any, task_id: object) -> None:
         """The pool child running ``task_id`` was lost or killed (``task_failure``,
         ``task_revoked`` with ``terminated``, or `LockedRequest` where Celery requeues its
-        message instead)."""
-        if task_id and self._in_main_process() and self._ours(sender):
-            self._release_orphans_soon(task_id)
+        message instead): release what it held once it has exited (in a thread: the consumer
+        must not block on a dying child). Celery's id as it came (an int too); the records hold
+        it as text, as the run's ``Message`` reads it."""
+        if not (task_id and self._in_main_process() and self._ours(sender)):
+            return
+        if (records := get_runtime(self.app).records) is not None:
+            name = f"dflock-orphan-{task_id}"
+            _in_a_thread(self._release_from, name, records, str(task_id), CHILD_EXIT_WAIT_S)
 
     def on_task_revoked(
         self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
@@ -303,14 +308,6 @@ class _Hooks:
 
     def _in_main_process(self) -> bool:
         return self.main_pid == os.getpid()
-
-    def _release_orphans_soon(self, task_id: object) -> None:
-        """Release what the dead child running ``task_id`` held, once it has exited (in a
-        thread: the consumer must not block on a dying child). Celery's id as it came (an int
-        too); the records hold it as text, as the run's ``Message`` reads it."""
-        if (records := get_runtime(self.app).records) is not None:
-            name = f"dflock-orphan-{task_id}"
-            _in_a_thread(self._release_from, name, records, str(task_id), CHILD_EXIT_WAIT_S)
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
         for path, entry in records.entries(task_id):
