@@ -42,7 +42,6 @@ class Watch:
         self._client = client
         self._key = key
         self.endpoint = endpoint  # the index of the etcd endpoint it reads (transport.endpoints)
-        self._connect_timeout = client.attempt_timeout
         self._where = client.where(endpoint)
         self._prefix = prefix
         self._start_revision = start_revision
@@ -87,8 +86,8 @@ class Watch:
             create["start_revision"] = str(self._start_revision)
         what = f"watch of {self._key!r}"
         try:
-            token = self._client.token(self.endpoint, self._connect_timeout)
-            conn = self._client.connect(self.endpoint, self._connect_timeout)
+            token = self._client.token(self.endpoint, self._client.attempt_timeout)
+            conn = self._client.connect(self.endpoint, self._client.attempt_timeout)
             if conn.sock is not None:
                 conn.sock.settimeout(None)  # a stream: events come when they come
             with self._lock:
