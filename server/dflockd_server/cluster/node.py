@@ -279,7 +279,7 @@ class ClusterNode:
         """One step: decide, publish, move shards. A node never ``start``-ed is driven by this
         alone (tests/sim): it joins at its first step. An etcd error waits for the next step."""
         try:
-            if self._tickets is None and self._thread is None:
+            if self._tickets is None:  # (``start`` loads them before starting the thread)
                 self._tickets = load_ask_tickets(self.client, self.prefix)
             if self._floor_wanted > self.fence.last:
                 self.fence.raise_to(self._floor_wanted)
