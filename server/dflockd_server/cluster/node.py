@@ -301,7 +301,9 @@ class ClusterNode:
         member = self.member
         now = self._clock()
         valid_until = 0.0 if member is None else member.lease_valid_until
-        reason = None if member is None else self._why_not_a_member(member, now)
+        reason = None if member is None else member.lost
+        if member is not None and reason is None and now >= member.lease_valid_until:
+            reason = f"etcd lease not renewed for {self.lease_ttl_s} s"
         if member is None or reason is not None:
             self._self_fence(reason or "not joined")
             if now >= self._next_join:
@@ -378,13 +380,6 @@ class ClusterNode:
                 by_reply.setdefault(reply, []).append(shard)
         for reply, shards in by_reply.items():
             self.host.fail_waiters(shards, reply)
-
-    def _why_not_a_member(self, member: Member, now: float) -> str | None:
-        if member.lost is not None:
-            return member.lost
-        if now >= member.lease_valid_until:
-            return f"etcd lease not renewed for {self.lease_ttl_s} s"
-        return None
 
     def _decide(self, view: ClusterView, now: float, *, fresh_waits: bool = False) -> Decision:
         return decide(
