@@ -321,7 +321,8 @@ class ClusterNode:
             self._next_join = now + REJOIN_RETRY_S
             self._rejoin(member)
             return
-        self._note_gone(view)
+        named = {n for _, a in view.shard_map.items() for n in (a.current, a.split) if n}
+        self._gone_at = {n: self._gone_at.get(n, view.revision) for n in named - view.members}
         decision = self._decide(view, now)
         if decision.failover_due:
             # The gone members' published longest leases are read again before taking.
@@ -347,11 +348,6 @@ class ClusterNode:
             again = self._handover.take_over(view, member, decision.failover_due, self._gone_at)
             if again:
                 self._wait_again(view, again)
-
-    def _note_gone(self, view: ClusterView) -> None:
-        live, gone_at = view.members, self._gone_at
-        named = {n for _, a in view.shard_map.items() for n in (a.current, a.split) if n}
-        self._gone_at = {n: gone_at.get(n, view.revision) for n in named - live}
 
     def _wait_again(self, view: ClusterView, members: set[str]) -> None:
         """etcd refused the take-over of these gone members' shards (each registered again
