@@ -85,7 +85,6 @@ def decide(
     moved = functools.cache(p.reply_moved)  # one reply object per address
     ask = functools.cache(p.reply_ask)
     holding: set[int] = set()
-    holding_all: set[int] = set()
     importing: set[int] = set()
     importing_all: set[int] = set()
 
@@ -108,7 +107,6 @@ def decide(
             continue
         if current == me:
             moving.setdefault(split or target, set()).add(shard)
-            holding_all.add(shard)
             if cleared is None or shard in cleared:
                 holding.add(shard)
                 if split and split in live:
@@ -156,6 +154,6 @@ def decide(
         states=states,
         holding=frozenset(holding),
         importing=frozenset(importing),
-        granting=frozenset(serving | holding_all | importing_all),
+        granting=frozenset(serving.union(importing_all, *moving.values())),
         next_due=next_due,
     )
