@@ -259,7 +259,6 @@ class EtcdTransport:
             if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
                 raise NoAnswer(f"{self.endpoints[index]}: HTTP {code} {detail}")
             raise error
-        raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
 
     def switched(self, index: int, failures: Mapping[int, str]) -> None:
         """Endpoint ``index`` answered after ``failures``: calls go there first from now on."""
