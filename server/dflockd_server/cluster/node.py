@@ -141,7 +141,6 @@ class ClusterNode:
         # Owned by the node's thread (and ``_forget``'s):
         self._floor_wanted = 0  # a ticket's counter the loop could not raise to (the thread will)
         self._tickets: AskTickets | None = None
-        self._current: frozenset[int] = frozenset()
         self._renewals: bool | None = None
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
@@ -327,8 +326,9 @@ class ClusterNode:
         if decision.failover_due:
             # The gone members' published longest leases are read again before taking.
             decision = self._decide(view, now, fresh_waits=True)
+        current = self.ownership.current
         self._publish(view, decision, valid_until)
-        self._fail_waiters_of_lost_shards(decision)
+        self._fail_waiters_of_lost_shards(current, decision)
         shard_map = view.shard_map
         under = {s: (shard_map[s].current, shard_map[s].split) for s in decision.granting}
         if any(self._raised.get(s) != a for s, a in under.items()):
@@ -365,13 +365,10 @@ class ClusterNode:
         self._gone_at = {m: r for m, r in self._gone_at.items() if m not in members}
         self._rest_until = 0.0
 
-    def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
-        """Answer the queued waiters of shards no longer this member's with their verdict."""
-        current = self.ownership.current
-        lost = self._current - current
-        self._current = current
+    def _fail_waiters_of_lost_shards(self, was: frozenset[int], decision: Decision) -> None:
+        """Answer the queued waiters of the shards of ``was`` no longer this member's."""
         by_reply: dict[bytes, list[int]] = {}
-        for shard in sorted(lost):
+        for shard in sorted(was - self.ownership.current):
             if (reply := decision.verdicts[shard]) is not None:
                 by_reply.setdefault(reply, []).append(shard)
         for reply, shards in by_reply.items():
@@ -445,7 +442,6 @@ class ClusterNode:
         """Grant and renew nothing, fail every queued waiter, forget what was seen."""
         if not self.ownership.fenced:
             self._hand(self._fenced_snapshot(self.ownership.view))
-            self._current = frozenset()
             # After the fenced snapshot is in place: no waiter is queued later.
             self.host.fail_waiters(range(SHARD_COUNT), ERROR_UNAVAILABLE)
         self._allow_renewals(False)
