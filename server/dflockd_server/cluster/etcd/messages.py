@@ -26,10 +26,9 @@ def unb64(data: str) -> str:
 
 
 def prefix_end(prefix: str) -> str:
-    """The ``range_end`` covering every key starting with ``prefix`` (empty or all 0xff: all)."""
+    """The ``range_end`` covering every key starting with ``prefix`` (empty: all). UTF-8 has
+    no byte 0xff, so the last byte can always be raised."""
     raw = bytearray(prefix.encode("utf-8"))
-    while raw and raw[-1] == 0xFF:
-        raw.pop()
     if not raw:
         return "\0"
     raw[-1] += 1
