@@ -135,6 +135,7 @@ class LockedTask(Task):
         what = f"apply_async options of {self._name!r}"
         check_option_names(options, what)
         headers, per_call = _with_lock_options(options, options.pop("headers", None), what)
+        self._check_call_key(per_call)
         if headers:
             options["headers"] = headers
 
@@ -214,7 +215,9 @@ class LockedTask(Task):
         if options:
             check_option_names(options, f"apply options of {self._name!r}")
         if any(name in options for name in LOCK_OPTIONS):
-            headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")[0]
+            what = f"apply options of {self._name!r}"
+            headers, per_call = _with_lock_options(options, headers, what)
+            self._check_call_key(per_call)
         return self._base.apply(
             args,
             kwargs,
@@ -338,6 +341,12 @@ class LockedTask(Task):
     @property
     def _name(self) -> str:
         return str(self._celery.name)
+
+    def _check_call_key(self, per_call: GivenOptions | None) -> None:
+        """Refuse a per-call ``lock_key`` template naming a field the task does not take (as
+        the task's own is refused when it is bound), before anything is sent or run."""
+        if per_call is not None and isinstance(per_call.key, str):
+            check_template(per_call.key, self._celery.run, task_name=self._name)
 
     def _as_sent(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> Call:
         """(args, kwargs) as the run will get them, through the message's serializer."""

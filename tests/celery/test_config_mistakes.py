@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -17,6 +18,7 @@ from typing import Any, cast
 
 import pytest
 from celery import Celery
+from celery.signals import before_task_publish
 
 from celery_dflock import Client, LockedTask, _runtime
 from celery_dflock._worker_hooks import countdowns_past_visibility
@@ -555,6 +557,47 @@ def test_a_misspelt_call_option_is_refused_at_the_call_naming_the_option() -> No
     assert "apply_async options of" in str(failure.value)
     with pytest.raises(DflockConfigError, match="did you mean 'lock_timeout'"):
         task.s().set(lock_timout=5).apply_async()
+    app.close()
+
+
+def test_a_call_s_template_naming_no_argument_is_refused_at_the_call_nothing_sent(
+    dflock_server: ServerThread,
+) -> None:
+    """A per-call ``lock_key`` template is checked against the task's signature at the call,
+    as the task's own is at the bind: it was sent, and its run failed in the worker with
+    ``KeyDerivationError`` (an ``apply()`` ran and failed the same way)."""
+    from celery_dflock.keys import KeyDerivationError
+
+    app = mistaken_app(dflock_servers=[dflock_server.address])
+    app.conf.task_always_eager = False
+    sent: list[object] = []
+
+    def publishing(**kwargs: object) -> None:
+        sent.append(kwargs)
+
+    @app.task(shared=False, base=LockedTask, lock_key="report:{customer_id}")
+    def report(customer_id: int, kind: str = "daily") -> str:
+        return f"{customer_id}:{kind}"
+
+    task: Any = report
+    app.finalize()
+    before_task_publish.connect(publishing)
+    calls = {
+        "apply_async": lambda key: task.apply_async((7,), lock_key=key),
+        "a signature": lambda key: task.s(7).set(lock_key=key).apply_async(),
+        "apply": lambda key: task.apply((7,), lock_key=key),
+    }
+    for how, call in calls.items():
+        for key, says in (
+            ("report:{customer}", "its signature is report(customer_id, kind='daily')"),
+            ("report:{", "is not a valid format string"),
+        ):
+            with pytest.raises(KeyDerivationError, match=re.escape(key)) as failure:
+                call(key)
+            assert says in str(failure.value), how
+    before_task_publish.disconnect(publishing)
+    assert sent == []
+    assert task.apply((7,), lock_key="report:{customer_id}:{kind}").get() == "7:daily"
     app.close()
 
 
