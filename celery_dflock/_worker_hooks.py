@@ -101,6 +101,7 @@ class _Hooks:
             return
         try:
             apply_task_locks(self.app, self.locked_task)
+            check_task_options(self.app, self.locked_task)
         except DflockConfigError as exc:  # Celery logs a handler's error and goes on: stop
             raise SystemExit(f"Error: {exc}") from exc
         self.main_pid = os.getpid()
@@ -384,6 +385,18 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
         )
         changed.append(name)
     return changed
+
+
+def check_task_options(app: Any, locked_task: type[Any]) -> None:
+    """Resolve the lock options of every locked task of ``app`` once, as a worker starts:
+    `DflockConfigError` for options that are each valid but cannot work together (the app's
+    ``dflock_lock_from="publish"`` and a task's ``lock_limit``; a ``dflock_task_locks`` entry
+    and a task's attribute), which would otherwise fail every run and publish of the task."""
+    config, runtime = get_config(app), get_runtime(app)
+    tasks: Mapping[str, Any] = app.tasks
+    for name, task in sorted(tasks.items()):
+        if isinstance(task, locked_task):
+            options_for(task, config, runtime.task_runs(name), None)
 
 
 def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, LockOptions]]:

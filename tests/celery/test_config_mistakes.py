@@ -198,6 +198,38 @@ def test_a_worker_with_a_bad_setting_stops_with_one_line_naming_it(
     ), done.stderr
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"dflock_lock_from": "publish"},
+        {"dflock_task_locks": {"apps.tasks.limited": {"lock_from": "publish"}}},
+    ],
+    ids=["app-wide", "task-locks"],
+)
+def test_options_that_cannot_work_together_stop_the_worker_at_start(
+    tmp_path: Path, fs_settings: dict[str, Any], setting: dict[str, Any]
+) -> None:
+    """``lock_from="publish"`` app-wide (or in a ``dflock_task_locks`` entry) and a task's
+    ``lock_limit`` are each valid, and refused together: the worker started, and every run
+    and publish of the semaphore task failed with that ``DflockConfigError``."""
+    env = {
+        **os.environ,
+        "DFLOCK_TEST_SETTINGS": json.dumps({**fs_settings, **setting}),
+        "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
+    }
+    command = worker_command(
+        "apps.tasks", pool="solo", concurrency=1, name="bad@dflock", queue=unique("bad")
+    )
+    done = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: lock options of task 'apps.tasks.limited': "), done.stderr
+    assert "lock_from='publish' cannot be combined with lock_limit=2" in last, last
+
+
 def test_a_task_locks_template_naming_no_argument_stops_the_worker_at_start(
     tmp_path: Path, fs_settings: dict[str, Any]
 ) -> None:
