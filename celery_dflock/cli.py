@@ -364,10 +364,12 @@ def _answer(
     ok: Callable[[_Answer], bool],
 ) -> None:
     """Ask every server, print the answers, and exit 1 unless every answer is ``ok``."""
-    from celery_dflock.config import get_config
+    from celery_dflock.config import DflockConfigError, get_config
 
     try:
         answers = ask(get_config(ctx.obj.app))
+    except DflockConfigError:
+        raise  # the app's settings, not the command line: one line, exit 1, as a worker's
     except (DflockError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     # Escaped line by line: a server's or a worker's words (a journal's path, a failure, a
@@ -584,7 +586,7 @@ def release(
         raise click.UsageError("--prefix goes with --all")
     from celery_dflock._settings import parse_servers
     from celery_dflock.client.clients import Client
-    from celery_dflock.config import get_config
+    from celery_dflock.config import DflockConfigError, get_config
 
     note = operator_note() if note is None else note
     try:
@@ -602,7 +604,9 @@ def release(
                 there = replace(config.client, servers=parse_servers(address))
                 with Client.from_settings(there) as one:
                     done += release_keys(one, keys, note)
-    except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
+    except DflockConfigError:
+        raise  # the app's settings, not the command line: one line, exit 1, as a worker's
+    except (DflockError, ValueError) as exc:  # a bad key or note, no stats
         raise click.UsageError(str(exc)) from exc
     failed = {k: why for k, why in done if isinstance(why, str)}
     if as_json:

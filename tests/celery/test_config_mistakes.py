@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -228,6 +229,35 @@ def test_options_that_cannot_work_together_stop_the_worker_at_start(
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: lock options of task 'apps.tasks.limited': "), done.stderr
     assert "lock_from='publish' cannot be combined with lock_limit=2" in last, last
+
+
+@pytest.mark.parametrize("command", ["status", "locks", "ping", "shards", "release k"])
+def test_a_dflock_command_with_a_bad_setting_says_it_in_one_line_exit_1(
+    tmp_path: Path, fs_settings: dict[str, Any], command: str
+) -> None:
+    """A bad ``dflock_*`` setting is the app's, not the command line's: the command says it as
+    a worker does (``Error: ...``, exit status 1). It was a usage error (exit status 2, under
+    the command's usage and ``Try '... --help' for help``), as if the command had been
+    mistyped."""
+    env = {
+        **os.environ,
+        "DFLOCK_TEST_SETTINGS": json.dumps({**fs_settings, "dflock_renew_ratio": 2}),
+        "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "apps.tasks", "dflock", *command.split()],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: dflock_renew_ratio must be a fraction of the lease strictly between 0 and 1 "
+        "(e.g. 0.5), got 2"
+    ], done.stderr
 
 
 def test_a_task_locks_template_naming_no_argument_stops_the_worker_at_start(
