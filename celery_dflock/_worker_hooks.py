@@ -417,8 +417,16 @@ def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, Lock
 
 def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
     """A warning for each locked task of ``app`` whose ``lock_ttl`` (or ``lock_pending_ttl``)
-    is above ``limit``, the longest lease its lock servers grant."""
+    is above ``limit``, the longest lease its lock servers grant; and one for a
+    ``dflock_session_ttl`` above it (the client cuts the session to ``limit``)."""
     warnings: list[str] = []
+    if (session := get_config(app).client.session_ttl_s) > limit:
+        warnings.append(
+            f"dflock_session_ttl={session} is above the longest lease its lock servers grant "
+            f"({limit} s, --max-lease-ttl): each session of this worker lasts {limit} s, and a "
+            f"stall longer than about two thirds of that costs its locks; lower "
+            f"dflock_session_ttl or raise the servers' --max-lease-ttl"
+        )
     for name, options in locked_options(app, locked_task):
         leases: list[tuple[str, int | None, str]] = [("lock_ttl", options.ttl, "run")]
         if options.lock_from == "publish":

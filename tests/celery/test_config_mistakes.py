@@ -318,6 +318,22 @@ def test_a_worker_warns_at_start_about_a_lease_above_the_servers_limit(
     assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
 
 
+def test_a_worker_warns_at_start_about_a_session_above_the_servers_limit(
+    factory: Callable[..., WorkerFactory], dflock_server_factory: Any
+) -> None:
+    """``dflock_session_ttl`` is at most the servers' ``--max-lease-ttl``: the client cuts a
+    longer one to it, so a worker set for long stalls lost its locks after a shorter one, with
+    nothing said."""
+    strict: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    workers = factory(dflock_servers=f"{strict.host}:{strict.port}", dflock_session_ttl=120)
+    worker = workers.start(app="apps.plain", pool="solo", concurrency=1)
+    expected = (
+        "dflock_session_ttl=120 is above the longest lease its lock servers grant (30 s, "
+        "--max-lease-ttl): each session of this worker lasts 30 s"
+    )
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+
+
 def test_a_worker_on_redis_warns_when_visibility_timeout_is_below_a_retry_countdown(
     tmp_path: Path, dflock_server: ServerThread
 ) -> None:
