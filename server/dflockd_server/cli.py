@@ -283,16 +283,21 @@ def _overridden(argv: Sequence[str], environ: Mapping[str, str]) -> Iterator[str
     args = vars(build_parser().parse_args(argv))
     for setting in SETTINGS:
         given, raw_env = args.get(setting.field), setting.in_environment(environ)
-        if not isinstance(given, str) or raw_env is None:
+        if given is None or raw_env is None:
             continue
         name, text = raw_env
-        try:
-            differs = setting.take(given, setting.flag) != setting.take(text, name)
-        except ValueError:  # the flag's value is refused: unused all the same
-            differs = True
+        if isinstance(given, bool):  # a switch (--auto-release-on-disconnect, its --no- form)
+            flag = setting.flag if given else setting.flag.replace("--", "--no-", 1)
+            differs = given != setting.take(text, name)
+        else:
+            flag = f"{setting.flag} {given!r}"
+            try:
+                differs = setting.take(given, setting.flag) != setting.take(text, name)
+            except ValueError:  # the flag's value is refused: unused all the same
+                differs = True
         if differs:
             yield (
-                f"{setting.flag} {given!r} is not used: the environment variable "
+                f"{flag} is not used: the environment variable "
                 f"{name}={text!r} wins over the flag; unset it, or give the value there"
             )
 

@@ -172,3 +172,40 @@ def test_a_flag_whose_value_is_refused_and_overridden_is_warned_about_not_a_trac
     assert "--port 'abc' is not used" in warning and "DFLOCKD_PORT='0'" in warning, warning
     proc.kill()
     assert not any("Traceback" in line for line in proc.lines), proc.lines
+
+
+def test_a_switch_its_environment_variable_overrides_is_warned_about(
+    dflockd_process: Any,
+) -> None:
+    """A switch (``--auto-release-on-disconnect``, ``--no-...``) that its environment variable
+    overrides with the other value is named in the warning, as a flag with a value is; it was
+    left out, so ``DFLOCKD_AUTO_RELEASE_ON_DISCONNECT=0 dflockd --auto-release-on-disconnect``
+    started with grants kept past a close, and said nothing of the switch it ignored."""
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--state-dir", "none",
+        "--auto-release-on-disconnect",
+        env={"DFLOCKD_AUTO_RELEASE_ON_DISCONNECT": "0"},
+    )  # fmt: skip
+    proc.wait_listening()
+    warning = proc.wait_for("is not used")
+    assert "--auto-release-on-disconnect is not used" in warning, warning
+    assert "DFLOCKD_AUTO_RELEASE_ON_DISCONNECT='0'" in warning, warning
+    proc.kill()
+    same: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--state-dir", "none",
+        "--no-auto-release-on-disconnect", "--session-ttl", "3",
+        env={"DFLOCKD_AUTO_RELEASE_ON_DISCONNECT": "no", "DFLOCKD_SESSION_TTL_S": "4"},
+    )  # fmt: skip
+    same.wait_listening()
+    same.wait_for("--session-ttl '3' is not used")  # warned after the switch's would be
+    same.kill()
+    assert sum("is not used" in line for line in same.lines) == 1, same.lines
+    negated: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--state-dir", "none",
+        "--no-auto-release-on-disconnect",
+        env={"DFLOCKD_AUTO_RELEASE_ON_DISCONNECT": "yes"},
+    )  # fmt: skip
+    negated.wait_listening()
+    warning = negated.wait_for("is not used")
+    assert "--no-auto-release-on-disconnect is not used" in warning, warning
+    negated.kill()
