@@ -8,7 +8,7 @@ from functools import partial
 from typing import Any, Final
 
 from dflockd_server import constants as c
-from dflockd_server.settings import ETCD_ACCESS, SETTINGS, names
+from dflockd_server.settings import ETCD_ACCESS, SETTINGS, check_file, names
 
 
 class ConfigError(ValueError):
@@ -58,6 +58,8 @@ def only_with(field: str, needed: str, *, give: str = "it") -> ConfigError:
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
     ``name`` when it cannot be read or is empty)."""
+    if (problem := check_file(path)) is not None:
+        raise ConfigError(f"cannot read {name} {path!r}: {problem}")
     try:
         with open(path, encoding="utf-8") as fh:
             secret = strip(fh.read())
