@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import importlib.util
 import ipaddress
 import logging
 import os
 import resource  # Unix only, as fcntl (state.py), which the server needs too
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
@@ -402,9 +404,27 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except (FenceStateError, MetricsError, ConfigError) as exc:
         _fail(str(exc), EXIT_RUNTIME)
     except OSError as exc:
-        _fail(f"cannot serve on {config.host}:{config.port}: {exc}", EXIT_RUNTIME)
+        _fail(cannot_serve(config.host, config.port, exc), EXIT_RUNTIME)
     except KeyboardInterrupt:
         pass
+
+
+def cannot_serve(host: str, port: int, exc: OSError) -> str:
+    """The error of a server that cannot listen on ``host:port``, naming the setting to change
+    where the error tells which (an address in use: the port; no such address: the host)."""
+    where = f"cannot serve on {host}:{port}: {exc}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"{where}: another process listens there: choose another {names('port')}"
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return f"{where}: a port below 1024 needs privileges: choose another {names('port')}"
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        hint = (
+            " (write an IPv6 address without brackets: --host ::1)"
+            if host.startswith("[") and host.endswith("]")
+            else ""
+        )
+        return f"{where}: {names('host')} is no address of this machine{hint}: give one of them"
+    return where
 
 
 def _fail(message: str, code: int) -> NoReturn:
