@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     try:
         bound: str = _setting(env, "host") or c.DEFAULT_HOST
-        host = args[0] if args else WILDCARD_LOOPBACK.get(bound, bound)
+        host = (
+            BY_FIELD["host"].take(args[0], "host") if args else WILDCARD_LOOPBACK.get(bound, bound)
+        )
         port = BY_FIELD["port"].take(args[1], "port") if len(args) > 1 else _setting(env, "port")
         token = Config(  # the file read as the server reads it
             auth_token=_setting(env, "auth_token"), auth_token_file=_setting(env, "auth_token_file")

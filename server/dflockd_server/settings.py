@@ -15,7 +15,16 @@ from typing import Any
 
 from dflockd_server import values as v
 
-__all__ = ["BY_FIELD", "ETCD_ACCESS", "SETTINGS", "TOPICS", "Setting", "check_file", "names"]
+__all__ = [
+    "BY_FIELD",
+    "ETCD_ACCESS",
+    "SETTINGS",
+    "TOPICS",
+    "Setting",
+    "check_file",
+    "check_host",
+    "names",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +87,21 @@ def check_file(path: str) -> str | None:
     return v.check_readable_file(path)
 
 
+def check_host(host: str) -> str | None:
+    """Why ``host`` is no name or address the socket layer can look up (it encodes a name with
+    the ``idna`` codec, whose error was a traceback at the bind: ``a..b``, a label over 63
+    characters), or None."""
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:  # its reason is the last of the nested ones
+        reason = str(exc).rpartition("UnicodeError: ")[2].rstrip(")")
+        return f"not a host name or address ({reason}: each part between dots holds 1 to 63)"
+    return None
+
+
 # (parse, check) pairs that several settings share
 _TEXT = (v.parse_str, v.check_nothing)
+_HOST = (v.parse_str, check_host)
 _FILE = (v.parse_str, check_file)
 _COUNT = (v.parse_int, v.check_non_negative)  # a cap or a count (0: no cap, or none)
 _POSITIVE_INT = (v.parse_int, v.check_positive)
@@ -90,7 +112,7 @@ _SECONDS_OR_0 = (v.parse_float, v.check_non_negative)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("host", *_TEXT, "bind address", "ADDR", common=True),
+    Setting("host", *_HOST, "bind address", "ADDR", common=True),
     Setting("port", *_PORT, "bind port (0: any free)", common=True),
     Setting("default_lease_ttl_s", *_LEASE, "lease in seconds when a request gives none"),
     Setting("max_lease_ttl_s", *_LEASE,
@@ -173,7 +195,7 @@ SETTINGS: tuple[Setting, ...] = (
         "serve Prometheus metrics (/metrics) and the status page (/status) over HTTP on this port "
         "(0: any free; needs the `metrics` extra: pip install 'dflockd-server[metrics]')",
         common=True),
-    Setting("metrics_host", *_TEXT,
+    Setting("metrics_host", *_HOST,
         "bind address of the metrics endpoint (default: --host)", "ADDR"),
     Setting("members", v.parse_members, v.check_members,
         "static members: every lock server of the fleet as HOST:PORT,HOST:PORT,... in the order "
