@@ -99,6 +99,27 @@ def check_host(host: str) -> str | None:
     return None
 
 
+def _looked_up(
+    check: Callable[[Any], str | None], hosts: Callable[[Any], list[str]]
+) -> Callable[[Any], str | None]:
+    """``check``, then ``check_host`` of each of ``hosts(value)`` (an etcd endpoint's or a
+    member's: a lookup of it raised the ``idna`` codec's ``UnicodeError``, a traceback)."""
+
+    def check_and_hosts(value: Any) -> str | None:
+        if (problem := check(value)) is not None:
+            return problem
+        for host in hosts(value):
+            if (problem := check_host(host)) is not None:
+                return f"{host!r} is {problem}"
+        return None
+
+    return check_and_hosts
+
+
+def _member_host(member: str) -> str:
+    return member.rpartition(":")[0].strip("[]")
+
+
 # (parse, check) pairs that several settings share
 _TEXT = (v.parse_str, v.check_nothing)
 _HOST = (v.parse_str, check_host)
@@ -197,15 +218,19 @@ SETTINGS: tuple[Setting, ...] = (
         common=True),
     Setting("metrics_host", *_HOST,
         "bind address of the metrics endpoint (default: --host)", "ADDR"),
-    Setting("members", v.parse_members, v.check_members,
+    Setting("members", v.parse_members,
+        _looked_up(v.check_members, lambda members: [_member_host(m) for m in members]),
         "static members: every lock server of the fleet as HOST:PORT,HOST:PORT,... in the order "
         "the clients list them (dflock_servers); this server then serves only the keys the "
         "clients' crc32 sharding gives to --advertise and answers `error_moved <owner>` for the "
         "others, so a client with another list gets a clear error", "LIST", common=True),
-    Setting("advertise", v.parse_member, v.check_member,
+    Setting("advertise", v.parse_member,
+        _looked_up(v.check_member, lambda member: [_member_host(member)]),
         "this server's HOST:PORT as clients and the other members name it (one of --members; "
         "needed with --members or --cluster)", "HOST:PORT", common=True),
-    Setting("cluster", v.parse_cluster, v.check_cluster,
+    Setting("cluster", v.parse_cluster,
+        _looked_up(v.check_cluster,
+            lambda url: [host for host, _ in v.split_cluster_url(url).endpoints]),
         "cluster mode: `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (default prefix /dflockd), "
         "`etcds://...` to reach etcd over TLS: the etcd cluster holding the fixed shard map and "
         "the live members. List every etcd endpoint: a request that one does not answer within a "

@@ -55,3 +55,35 @@ def test_the_health_check_names_a_host_no_lookup_can_take(
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "bad setting" in done.stderr and "not a host name or address" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (
+            [
+                "--cluster",
+                "etcd://127.0.0.1:2379,etcd..internal:2379",
+                "--advertise",
+                "127.0.0.1:1",
+            ],
+            "--cluster=",
+        ),
+        (["--cluster", "etcd://127.0.0.1:1", "--advertise", "lock..internal:7000"], "--advertise="),
+        (
+            ["--members", "lock..a:7000,127.0.0.1:7000", "--advertise", "127.0.0.1:7000"],
+            "--members=",
+        ),
+    ],
+)
+def test_an_etcd_endpoint_or_a_member_no_lookup_can_take_is_refused_naming_it(
+    args: list[str], named: str
+) -> None:
+    """An etcd endpoint in ``--cluster`` that no lookup can take ended the start in the ``idna``
+    codec's traceback; a member's (``--members``, ``--advertise``) was taken, and its clients
+    could never reach it by that name."""
+    done = run_dflockd(["--host", "127.0.0.1", "--port", "0", "--state-dir", "none", *args], {})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert named in lines[0] and "is not a host name or address" in lines[0], lines[0]
