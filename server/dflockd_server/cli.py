@@ -177,6 +177,15 @@ def _check_files(config: Config) -> None:
     """Open what the server will need, so a bad path is a start-up error naming its setting
     (the secrets' ``ConfigError`` names it)."""
     config.resolve_auth_token()
+    if config.state_dir is not None and config.state_dir.lower() != NO_STATE:
+        path = os.path.abspath(os.path.expanduser(config.state_dir))
+        while not os.path.lexists(path):  # the nearest part of it that exists: a directory?
+            path = os.path.dirname(path)
+        if not os.path.isdir(path):
+            raise UsageError(
+                f"{names('state_dir')}={config.state_dir!r}: {path} is no directory: give a "
+                "directory (it is made if missing), or none to keep no state"
+            )
     for field in ("tls_cert", "tls_key", "fence_state_file"):  # (no fence file yet: made now)
         path = getattr(config, field)
         given = path and (field != "fence_state_file" or os.path.exists(path))

@@ -62,3 +62,20 @@ def test_a_secret_file_that_is_a_directory_or_a_fifo_is_named_by_the_health_chec
         )
         assert done.returncode == 1, done.stderr
         assert "--auth-token-file / DFLOCKD_AUTH_TOKEN_FILE" in done.stderr, done.stderr
+
+
+def test_a_state_dir_that_is_a_file_is_a_bad_value_exit_2(tmp_path: Path) -> None:
+    """A ``--state-dir`` (or a part of its path) that is a file is a bad value, as the docs say
+    of every bad value: one line naming the setting, exit 2. It stopped the start with exit 1,
+    the code of a server that failed while running, once it had tried to make the directory."""
+    file = tmp_path / "file"
+    file.write_text("not a directory")
+    for given, env in (
+        (["--state-dir", str(file)], {}),
+        ([], {"DFLOCKD_STATE_DIR": str(file / "below")}),
+    ):
+        result = run_dflockd(["--host", "127.0.0.1", "--port", "0", *given], env, timeout=20)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert "--state-dir / DFLOCKD_STATE_DIR" in lines[0] and "is no directory" in lines[0]
