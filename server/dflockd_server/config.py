@@ -70,6 +70,16 @@ def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     return secret
 
 
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` is characters only (not a flag's or a variable's bytes that were no
+    UTF-8, which Python keeps as lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Every server setting (docs/reference/server-flags.md lists them). Times are in seconds."""
@@ -206,6 +216,11 @@ class Config:
         else:
             name = f"{names('auth_token_file')} {self.auth_token_file!r}"
             secret = read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
+        if secret is not None and not _is_utf8(secret):
+            raise ConfigError(
+                f"{name}: the secret is not UTF-8 text (bytes that are no character, passed "
+                "on as they were given), which no client can send: give it in UTF-8"
+            )
         if secret is not None and ("\n" in secret or "\r" in secret):
             raise ConfigError(
                 f"{name}: the secret holds a line break, which no client can send (a file of "

@@ -79,3 +79,18 @@ def test_a_state_dir_that_is_a_file_is_a_bad_value_exit_2(tmp_path: Path) -> Non
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, lines
         assert "--state-dir / DFLOCKD_STATE_DIR" in lines[0] and "is no directory" in lines[0]
+
+
+def test_a_secret_that_is_no_utf8_is_named(tmp_path: Path) -> None:
+    """``DFLOCKD_AUTH_TOKEN`` holding a byte that is no UTF-8 (Python keeps it as a lone
+    surrogate): the start said ``'utf-8' codec can't encode character '\\udcff'``, naming no
+    setting."""
+    result = run_dflockd(
+        ["--host", "127.0.0.1", "--port", "0", "--state-dir", "none"],
+        {"DFLOCKD_AUTH_TOKEN": "s3cret\udcff"},  # the byte 0xff, as the environment holds it
+        timeout=20,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "--auth-token / DFLOCKD_AUTH_TOKEN" in lines[0] and "not UTF-8" in lines[0], lines[0]
