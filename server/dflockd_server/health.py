@@ -16,6 +16,7 @@ from dflockd_server.config import Config
 from dflockd_server.settings import BY_FIELD
 
 CHECK_TIMEOUT_S = 2.0
+USAGE = "python -m dflockd_server.health [HOST [PORT]] (takes no flag: the server's DFLOCKD_*)"
 WILDCARD_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 """Where a client on this machine reaches a server bound to all addresses (``::``: IPv6's)."""
 
@@ -57,6 +58,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     its family for all addresses) and ``DFLOCKD_PORT``."""
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
+    if len(args) > 2 or any(arg.startswith("-") for arg in args):
+        print(f"dflockd health: usage: {USAGE} (given: {' '.join(args)})", file=sys.stderr)
+        return 1
     try:
         bound: str = _setting(env, "host") or c.DEFAULT_HOST
         host = (

@@ -95,3 +95,25 @@ def test_a_server_on_every_ipv6_address_is_checked_where_it_listens(
     proc.wait_listening()
     healthy = _health(env)
     assert healthy.returncode == 0, healthy.stderr
+
+
+def test_what_the_check_cannot_use_is_refused_not_ignored(dflockd_process: Any) -> None:
+    """``python -m dflockd_server.health HOST PORT EXTRA`` (a probe written with a third
+    argument, say the auth token) checked HOST:PORT and said healthy, the rest ignored; a flag
+    (``--port 7000``, ``--help``) was taken for the host. Each is refused with the usage."""
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--state-dir", "none"
+    )
+    _, port = proc.wait_listening()
+    for args in (["127.0.0.1", str(port), "s3cret"], ["--port", str(port)], ["--help"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "dflockd_server.health", *args],
+            env=clean_env({}),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 1, (args, done.stderr)
+        assert "usage: python -m dflockd_server.health [HOST [PORT]]" in done.stderr, done.stderr
+    assert _health({"DFLOCKD_HOST": "127.0.0.1", "DFLOCKD_PORT": str(port)}).returncode == 0
