@@ -346,3 +346,19 @@ def test_a_connect_timeout_too_long_for_the_socket_is_refused_at_construction(
     with Client([dflock_server.address], connect_timeout_s=9e9) as client:
         lock = client.lock("clients:longest-connect")
         assert lock.acquire() and lock.release()
+
+
+@pytest.mark.parametrize("client_class", [Client, AsyncClient])
+def test_server_for_refuses_a_key_no_lock_could_take_naming_it(
+    client_class: type[Client] | type[AsyncClient], dflock_server: ServerThread
+) -> None:
+    """``server_for`` checks its key as ``lock`` does: a key with a space was routed as if a
+    lock could take it (the server refuses it), and one that is no str ended in an
+    ``AttributeError`` from inside the sharding strategy."""
+    client = client_class([dflock_server.address, ("127.0.0.1", free_port())])
+    for bad, words in (("has space", "whitespace"), (5, "must be a str"), ("", "empty")):
+        with pytest.raises(InvalidValueError, match=words):
+            client.server_for(bad)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        with pytest.raises(InvalidValueError, match=words):
+            client.lock(bad)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    assert client.server_for("clients:route") == client.lock("clients:route").server

@@ -166,8 +166,8 @@ class Client:
 
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
-        the first seed while there is none)."""
-        return server_of(key, self._settings, self._router)
+        the first seed while there is none); ``key`` is checked as a lock's is."""
+        return server_of(_requests.validate_key(key), self._settings, self._router)
 
     def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
