@@ -197,11 +197,13 @@ class AsyncPoolFace:
         """In a fork child: the parent's loop is not this process's."""
         self._loop = None
 
-    def check(self) -> None:
-        """Before each use: on the pool's event loop (the first use binds it)."""
+    def check(self, *, bind: bool = True) -> None:
+        """Before each use: on the pool's event loop (the first use binds it, unless not
+        ``bind``: a close)."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
-            self._loop = loop
+            if bind:
+                self._loop = loop
         elif self._loop is not loop:
             raise DflockError(
                 "this AsyncConnectionPool (an AsyncClient's, or one given as pool=) belongs to "

@@ -64,8 +64,9 @@ class PoolFace:
     def forked(self) -> None:
         """In a fork child: nothing (the renewer is fork safe itself)."""
 
-    def check(self) -> None:
+    def check(self, *, bind: bool = True) -> None:
         """Before each use: nothing more than the fork check."""
+        del bind
 
 
 class _Pooled(Protocol):

@@ -222,6 +222,33 @@ def test_a_held_lock_whose_loop_has_closed_says_so(dflock_server: ServerThread) 
         gc.collect()
 
 
+def test_an_async_client_closed_by_a_second_asyncio_run_says_what_to_do(
+    dflock_server: ServerThread,
+) -> None:
+    """``asyncio.run(main())`` with a module-level `AsyncClient`, then
+    ``asyncio.run(client.close())``: the close is refused naming the client, as any other use
+    on a second loop is; it ended in asyncio's ``RuntimeError: Event loop is closed`` from inside
+    the pool, half done. A client closed before any use binds no loop: it is usable after."""
+    from celery_dflock import AsyncClient, DflockError
+
+    client = AsyncClient([dflock_server.address])
+    fresh = AsyncClient([dflock_server.address])
+
+    async def use(user: AsyncClient, key: str) -> bool:
+        async with user.lock(key) as lock:
+            return lock.owned()
+
+    assert asyncio.run(use(client, "a:close-elsewhere"))
+    with pytest.raises(DflockError, match=r"AsyncClient .* inside the coroutine"):
+        asyncio.run(client.close())
+    asyncio.run(fresh.close())
+    assert asyncio.run(use(fresh, "a:closed-first"))
+    with warnings.catch_warnings():  # the sockets left on the closed loop go quietly
+        warnings.simplefilter("ignore", ResourceWarning)
+        del client
+        gc.collect()
+
+
 def test_an_async_client_used_by_a_second_asyncio_run_says_what_to_do(
     dflock_server: ServerThread,
 ) -> None:

@@ -123,6 +123,7 @@ class AsyncConnectionPool:
         """Close every idle connection (the pool stays usable), having ended each client
         session that holds no lock of this process (a clean close lets go at once)."""
         self._check_fork()
+        self._face.check(bind=False)  # (asyncio: its connections are its loop's; binds none)
         for endpoint, session in self._sessions.unheld():
             conn = self._take(endpoint)
             if conn is not None:
