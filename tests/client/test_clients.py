@@ -362,3 +362,24 @@ def test_server_for_refuses_a_key_no_lock_could_take_naming_it(
         with pytest.raises(InvalidValueError, match=words):
             client.lock(bad)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     assert client.server_for("clients:route") == client.lock("clients:route").server
+
+
+@pytest.mark.parametrize("bad", ["yes", None])
+def test_a_hold_s_detached_that_is_no_bool_is_refused_naming_it(
+    bad: object, dflock_server: ServerThread
+) -> None:
+    """``hold(..., detached=...)`` of either face, and a lock's ``hold``: a value that is not
+    True or False is an `InvalidValueError` naming ``detached``, before anything is sent; it
+    was a ``TypeError: tuple indices must be integers`` from inside the request builder."""
+    address, key = dflock_server.address, "clients:detached"
+    detached: bool = bad  # type: ignore[assignment]  # pyright: ignore[reportAssignmentType]
+    client, aclient = Client([address]), AsyncClient([address])
+    with pytest.raises(InvalidValueError, match="detached must be True or False"):
+        client.hold(key, note="n", lease_ttl=5, detached=detached)
+    with pytest.raises(InvalidValueError, match="detached must be True or False"):
+        asyncio.run(aclient.hold(key, note="n", lease_ttl=5, detached=detached))
+    with pytest.raises(InvalidValueError, match="detached must be True or False"):
+        DistributedLock(key, servers=[address]).hold("n", detached=detached)
+    with client.lock(key, acquire_timeout_s=0) as lock:  # nothing was taken
+        assert lock.owned()
+    client.close()

@@ -480,6 +480,8 @@ class DistributedLock(LockBase):
         outlives this object, which holds nothing after. Not ``detached``: it stays bound to the
         pooled connection that took it until `Client.detach`. `KeyHeld` when the key stays busy."""
         note = _requests.validate_note(note)
+        if not isinstance(detached, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise errors.InvalidValueError(f"detached must be True or False, got {detached!r}")
         core, granted = self._core, False
         try:
             granted = self._grant(
