@@ -383,3 +383,29 @@ def test_a_hold_s_detached_that_is_no_bool_is_refused_naming_it(
     with client.lock(key, acquire_timeout_s=0) as lock:  # nothing was taken
         assert lock.owned()
     client.close()
+
+
+def test_a_server_asked_of_stats_ping_or_shards_is_named_as_given(
+    dflock_server: ServerThread,
+) -> None:
+    """``stats`` / ``ping`` / ``shards`` of one ``server`` of either face: one not in the list
+    is refused naming ``server=`` as given (a ``"host"`` without its port was shown as
+    ``('host', -1)``, a value the caller never wrote), and ``[host, port]``, as ``servers``
+    takes it, names a listed server (it was refused as not one of the client's servers)."""
+    host, port = dflock_server.address
+    client, aclient = Client([(host, port)]), AsyncClient([(host, port)])
+    for ask in (client.stats, client.ping, client.shards):
+        with pytest.raises(InvalidValueError, match=r"server='127\.0\.0\.1' is not one of"):
+            ask(host)
+        ((answer),) = ask([host, port])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        assert answer.address == f"{host}:{port}" and answer.error is None
+
+    async def ask_async() -> None:
+        for ask in (aclient.stats, aclient.ping, aclient.shards):
+            with pytest.raises(InvalidValueError, match=r"server='127\.0\.0\.1' is not one of"):
+                await ask(host)
+            ((answer),) = await ask([host, port])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+            assert answer.address == f"{host}:{port}" and answer.error is None
+
+    asyncio.run(ask_async())
+    client.close()

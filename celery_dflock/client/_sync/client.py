@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 from ssl import SSLContext
-from typing import Self, TypeVar
+from typing import Self, TypeVar, cast
 
 from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._core import LockCore
@@ -260,15 +260,22 @@ class Client:
         return [self._settings.endpoint(*address) for address in found]
 
     def _endpoints(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
+        """``server`` (``"host:port"`` or ``(host, port)``, as ``servers`` lists it), or all."""
         if server is None:
             return self._settings.endpoints()
+        address: object = server
         if isinstance(server, str):
             host, _, port = server.rpartition(":")
-            server = (host.strip("[]"), int(port)) if port.isdigit() else (server, -1)
-        if server not in self._settings.servers:
+            address = (host.strip("[]"), int(port)) if port.isdigit() else None
+        elif isinstance(server, list):  # as ``servers`` takes it
+            address = tuple(cast("list[object]", server))
+        if address not in self._settings.servers:
             known = ", ".join(f"{host}:{port}" for host, port in self._settings.servers)
-            raise InvalidValueError(f"{server!r} is not one of this client's servers ({known})")
-        return [self._settings.endpoint(*server)]
+            raise InvalidValueError(
+                f"server={server!r} is not one of this client's servers ({known}): give one "
+                "of them as 'host:port' or (host, port)"
+            )
+        return [self._settings.endpoint(*cast("tuple[str, int]", address))]
 
     def close(self) -> None:
         """Close the idle connections, having ended each client session that holds no lock object
