@@ -19,7 +19,7 @@ from celery_dflock.client._refusals import describe_lock, mismatch_error
 from celery_dflock.client._replies import Asked, ErrorReply, Moved, Reply
 from celery_dflock.client._settings import ClientSettings
 from celery_dflock.client.cluster import ClusterMap
-from celery_dflock.client.errors import DflockError, ProtocolError
+from celery_dflock.client.errors import DflockError, InvalidValueError, ProtocolError
 from celery_dflock.client.sharding import CLUSTER, select_server
 
 logger: Final = logging.getLogger("celery_dflock.client")
@@ -140,6 +140,17 @@ class KeyRoute:
         self.acquire_timeout_s = acquire_timeout_s
         self.router: ClusterRouter | None = None
         servers = settings.servers
+        if router is not None:
+            if not isinstance(router, ClusterRouter):  # pyright: ignore[reportUnnecessaryIsInstance]
+                raise InvalidValueError(
+                    "router must be None or a ClusterRouter (a cluster client's `router`), "
+                    f"got {router!r}"
+                )
+            if settings.sharding_strategy != CLUSTER:
+                raise InvalidValueError(
+                    'router shares a cluster\'s shard map: give it with sharding_strategy="cluster"'
+                    " (a lock routed over its server list has no map to share)"
+                )
         if settings.sharding_strategy == CLUSTER:
             self.router = router if router is not None else ClusterRouter(servers)
             index = 0

@@ -409,3 +409,21 @@ def test_a_server_asked_of_stats_ping_or_shards_is_named_as_given(
 
     asyncio.run(ask_async())
     client.close()
+
+
+@pytest.mark.parametrize("lock_class", [DistributedLock, AsyncDistributedLock])
+def test_a_lock_s_router_that_cannot_route_it_is_refused_naming_it(
+    lock_class: type[DistributedLock] | type[AsyncDistributedLock], dflock_server: ServerThread
+) -> None:
+    """``router=``: something that is no `ClusterRouter` is refused when the lock is made,
+    naming ``router`` (it was taken, and the acquire ended in ``AttributeError: 'int' object
+    has no attribute 'map'``); a cluster client's router given to a lock routed over its list
+    is refused too (it was ignored without a word: no map was shared)."""
+    servers = [dflock_server.address]
+    router = Client(servers, sharding_strategy="cluster").router
+    assert router is not None
+    with pytest.raises(InvalidValueError, match="router must be None or a ClusterRouter"):
+        lock_class("clients:router", servers=servers, sharding_strategy="cluster", router=5)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    with pytest.raises(InvalidValueError, match=r'router .* sharding_strategy="cluster"'):
+        lock_class("clients:router", servers=servers, router=router)
+    assert lock_class("clients:router", servers=servers, sharding_strategy="cluster", router=router)
