@@ -25,7 +25,7 @@ from celery_dflock.client.errors import DflockError
 
 __all__ = [
     "AsyncPoolFace", "AsyncRenewalDriver", "Background", "Event", "OpLock", "PoolRenewer",
-    "background", "call_back", "gather", "pause",
+    "background", "call_back", "check_callback", "gather", "pause",
 ]  # fmt: skip
 
 OpLock = asyncio.Lock
@@ -46,6 +46,11 @@ async def call_back(callback: Callable[[], object]) -> None:
     result = callback()
     if inspect.isawaitable(result):
         await result
+
+
+def check_callback(callback: object) -> None:
+    """``on_lost``: any callable (`call_back` awaits what it returns when awaitable)."""
+    del callback
 
 
 class Renewable(Protocol):

@@ -7,6 +7,7 @@ drops that connection (never mid-request) and moves the renewal to now, which re
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -18,10 +19,11 @@ from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client.errors import InvalidValueError
 
 __all__ = [
     "Background", "Event", "OpLock", "PoolFace", "PoolRenewer", "RenewalDriver", "background",
-    "call_back", "gather", "pause",
+    "call_back", "check_callback", "gather", "pause",
 ]  # fmt: skip
 
 OpLock = threading.RLock  # reentrant: `on_lost` may run in a thread that holds it
@@ -39,6 +41,16 @@ gather = list  # requests made one after the other
 
 def call_back(callback: Callable[[], object]) -> None:
     callback()
+
+
+def check_callback(callback: object) -> None:
+    """``on_lost`` is called from a thread, which cannot await: an ``async def`` is refused."""
+    if inspect.iscoroutinefunction(callback):
+        raise InvalidValueError(
+            f"on_lost of a blocking lock must be a plain function, got the coroutine function "
+            f"{callback!r}: nothing would await it (use it with the asyncio face, "
+            "AsyncClient or AsyncDistributedLock, or give a plain function)"
+        )
 
 
 class Renewable(Protocol):

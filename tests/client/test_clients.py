@@ -427,3 +427,27 @@ def test_a_lock_s_router_that_cannot_route_it_is_refused_naming_it(
     with pytest.raises(InvalidValueError, match=r'router .* sharding_strategy="cluster"'):
         lock_class("clients:router", servers=servers, router=router)
     assert lock_class("clients:router", servers=servers, sharding_strategy="cluster", router=router)
+
+
+def test_a_coroutine_function_as_a_blocking_lock_s_on_lost_is_refused_naming_it(
+    dflock_server: ServerThread,
+) -> None:
+    """The asyncio face awaits an ``async def`` ``on_lost``; the blocking face called it from
+    its renewal thread and dropped the coroutine (``RuntimeWarning: coroutine ... was never
+    awaited``): the loss was never reported to it. It is refused when the lock is made."""
+    servers = [dflock_server.address]
+
+    async def on_lost(lock: object) -> None:
+        del lock
+
+    client = Client(servers)
+    for make in (
+        lambda: client.lock("clients:async-cb", on_lost=on_lost),
+        lambda: client.semaphore("clients:async-cb", 2, on_lost=on_lost),
+        lambda: DistributedLock("clients:async-cb", servers=servers, on_lost=on_lost),
+        lambda: DistributedSemaphore("clients:async-cb", 2, servers=servers, on_lost=on_lost),
+    ):
+        with pytest.raises(InvalidValueError, match="on_lost of a blocking lock"):
+            make()
+    assert AsyncClient(servers).lock("clients:async-cb", on_lost=on_lost)
+    assert AsyncDistributedLock("clients:async-cb", servers=servers, on_lost=on_lost)

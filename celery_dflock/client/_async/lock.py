@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Self
 
 from celery_dflock.client import _by_token, _requests, errors
-from celery_dflock.client._aio_backend import Event, pause
+from celery_dflock.client._aio_backend import Event, check_callback, pause
 from celery_dflock.client._async.connection import ENQUEUING, AsyncConnection
 from celery_dflock.client._async.held import AsyncHolding, unreached
 from celery_dflock.client._async.pool import AsyncConnectionPool
@@ -53,6 +53,7 @@ class AsyncLockBase:
             raise errors.InvalidValueError(
                 f"on_lost must be a callable taking the lock, got {on_lost!r}"
             )
+        check_callback(on_lost)
         self._core = core
         self._holding = AsyncHolding(
             core, None if on_lost is None else partial(on_lost, self), pool

@@ -36,7 +36,7 @@ from celery_dflock.client._sync.connection import ENQUEUING, Connection
 from celery_dflock.client._sync.held import Holding, unreached
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build, refresh_map, request_once
-from celery_dflock.client._sync_backend import Event, pause
+from celery_dflock.client._sync_backend import Event, check_callback, pause
 from celery_dflock.client.sharding import Routing, stable_hash_shard
 
 __all__ = ["DistributedLock", "DistributedSemaphore", "LockBase"]
@@ -55,6 +55,7 @@ class LockBase:
             raise errors.InvalidValueError(
                 f"on_lost must be a callable taking the lock, got {on_lost!r}"
             )
+        check_callback(on_lost)
         self._core = core
         self._holding = Holding(core, None if on_lost is None else partial(on_lost, self), pool)
 
