@@ -235,6 +235,23 @@ async def test_two_phase_enqueue_and_wait(make: Maker) -> None:
         await run(second.wait())
 
 
+async def test_a_second_enqueue_while_queued_is_refused_and_keeps_the_place(make: Maker) -> None:
+    """``enqueue()`` on a lock queued already is refused ("call wait() or release() first"),
+    and the lock keeps its place: the refusal's own cleanup (meant for an enqueue interrupted
+    once queued) left the queue, so the ``wait()`` it told the caller to make raised
+    `LockNotOwned` ("not enqueued") and the key went to the next waiter."""
+    run = make.face.run
+    holder, queued = make("2p-again"), make("2p-again")
+    assert await run(holder.acquire())
+    assert await run(queued.enqueue()) == "queued"
+    with pytest.raises(DflockError, match=r"enqueued on this object; call wait\(\)"):
+        await run(queued.enqueue())
+    assert make.holders("2p-again") == (1, 1)  # still waiting
+    assert await run(holder.release())
+    assert await run(queued.wait(5)) is True and queued.owned()
+    assert await run(queued.release()) is True
+
+
 LATE_LEASE_S = 4
 LATE_SESSION_S = 6
 """The server's session time in that test: renewals every ``LATE_LEASE_S / 2`` s (2 s), not

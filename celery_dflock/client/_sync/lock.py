@@ -145,13 +145,14 @@ class LockBase:
         ``acquire_timeout_s``: neither held nor queued. Interrupted (a signal's exception, a
         cancellation), it leaves the queue."""
         core = self._core
+        queued = core.state is LockState.ENQUEUED  # before: refused below, its place kept
         try:
             if self._grant(core.enqueue_request):
                 return ACQUIRED
             if core.state is LockState.ENQUEUED:
                 return QUEUED
         except BaseException:
-            if core.state is LockState.ENQUEUED:  # its caller never learns of the place
+            if core.state is LockState.ENQUEUED and not queued:  # its caller never learns of it
                 with self._holding.op_lock:
                     self._holding.release_locked()
             raise
