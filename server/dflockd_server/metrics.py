@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import socket
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
@@ -185,9 +187,11 @@ class MetricsExporter:
         try:
             self._http, self._thread = start_http_server(port, addr=host, registry=registry)
         except OSError as exc:
+            # No such address here (a name no lookup finds): the host; else (in use) the port.
+            unknown = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+            setting = names("metrics_host") if unknown else names("metrics_port")
             raise MetricsError(
-                f"cannot serve metrics on {host}:{port}: {exc} "
-                f"(choose another {names('metrics_port')})"
+                f"cannot serve metrics on {host}:{port}: {exc} (choose another {setting})"
             ) from exc
         self._http.set_app(route(self._http.get_app(), self._page))
         _bound_connections(self._http)

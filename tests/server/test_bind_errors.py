@@ -43,3 +43,15 @@ def test_a_host_that_is_no_address_here_names_the_host_setting() -> None:
     assert done.returncode == 1, done.stderr
     line = _error_line(done.stderr)
     assert "--host / DFLOCKD_HOST" in line and "without brackets: --host ::1" in line, line
+
+
+def test_a_metrics_host_that_is_no_address_here_names_the_metrics_host_setting() -> None:
+    """A ``--metrics-host`` of no interface here, or that no lookup finds: the error told to
+    choose another ``--metrics-port``, which was not at fault."""
+    for host in ("192.0.2.1", "nonexistent.invalid"):
+        flags = ["--port", "0", "--state-dir", "none", "--metrics-port", "0"]
+        done = run_dflockd([*flags, "--metrics-host", host], {})
+        assert done.returncode == 1, done.stderr
+        line = _error_line(done.stderr)
+        assert f"cannot serve metrics on {host}:0" in line, line
+        assert "choose another --metrics-host / DFLOCKD_METRICS_HOST" in line, line
