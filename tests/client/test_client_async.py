@@ -243,9 +243,9 @@ def test_an_async_client_closed_by_a_second_asyncio_run_says_what_to_do(
         asyncio.run(client.close())
     asyncio.run(fresh.close())
     assert asyncio.run(use(fresh, "a:closed-first"))
-    with warnings.catch_warnings():  # the sockets left on the closed loop go quietly
+    with warnings.catch_warnings():  # the sockets both left on their closed loops go quietly
         warnings.simplefilter("ignore", ResourceWarning)
-        del client
+        del client, fresh
         gc.collect()
 
 
