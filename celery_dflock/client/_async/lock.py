@@ -53,7 +53,8 @@ class AsyncLockBase:
             raise errors.InvalidValueError(
                 f"on_lost must be a callable taking the lock, got {on_lost!r}"
             )
-        check_callback(on_lost)
+        if on_lost is not None:
+            check_callback(on_lost)
         self._core = core
         self._holding = AsyncHolding(
             core, None if on_lost is None else partial(on_lost, self), pool

@@ -55,7 +55,8 @@ class LockBase:
             raise errors.InvalidValueError(
                 f"on_lost must be a callable taking the lock, got {on_lost!r}"
             )
-        check_callback(on_lost)
+        if on_lost is not None:
+            check_callback(on_lost)
         self._core = core
         self._holding = Holding(core, None if on_lost is None else partial(on_lost, self), pool)
 
