@@ -116,6 +116,8 @@ def test_grants_and_releases_do_not_wake_the_renewal_thread(
     assert switched < allowed, f"{switched} switches for {WAKE_GRANTS} grants in {elapsed:.1f} s"
 
 
+@pytest.mark.alone  # renewals at their interval: beside CPython 3.13's run and the main
+# suite on two cores, 4 of 30 locks with 2 s leases went unrenewed past their lease (CI, twice)
 def test_many_locks_share_few_threads_each_renewed_at_its_interval(
     dflock_server: ServerThread, pool: ConnectionPool
 ) -> None:
