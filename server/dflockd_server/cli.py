@@ -23,10 +23,10 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError
 from dflockd_server.net import Server
-from dflockd_server.settings import BY_FIELD, SETTINGS, TOPICS, Setting, check_file, names
+from dflockd_server.settings import BY_FIELD, SETTINGS, TOPICS, Setting, names
 from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
-from dflockd_server.values import parse_bool
+from dflockd_server.values import check_readable_file, parse_bool
 
 log = logging.getLogger("dflockd_server")
 
@@ -189,7 +189,7 @@ def _check_files(config: Config) -> None:
     for field in ("tls_cert", "tls_key", "fence_state_file"):  # (no fence file yet: made now)
         path = getattr(config, field)
         given = path and (field != "fence_state_file" or os.path.exists(path))
-        if given and (problem := check_file(path)) is not None:
+        if given and (problem := check_readable_file(path)) is not None:
             raise UsageError(f"{names(field)}={path!r}: {problem}")
     if config.tls_cert and config.tls_key:
         try:

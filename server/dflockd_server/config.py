@@ -8,7 +8,8 @@ from functools import partial
 from typing import Any, Final
 
 from dflockd_server import constants as c
-from dflockd_server.settings import ETCD_ACCESS, SETTINGS, check_file, names
+from dflockd_server.settings import ETCD_ACCESS, SETTINGS, names
+from dflockd_server.values import check_readable_file
 
 
 class ConfigError(ValueError):
@@ -58,7 +59,7 @@ def only_with(field: str, needed: str, *, give: str = "it") -> ConfigError:
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
     ``name`` when it cannot be read or is empty)."""
-    if (problem := check_file(path)) is not None:
+    if (problem := check_readable_file(path)) is not None:
         raise ConfigError(f"cannot read {name} {path!r}: {problem}")
     try:
         with open(path, encoding="utf-8") as fh:

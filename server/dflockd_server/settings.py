@@ -6,8 +6,6 @@ reference from it.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,7 +19,6 @@ __all__ = [
     "SETTINGS",
     "TOPICS",
     "Setting",
-    "check_file",
     "check_host",
     "names",
 ]
@@ -72,21 +69,6 @@ class Setting:
         return found[0] if found else None
 
 
-def check_file(path: str) -> str | None:
-    """Why the file a setting names cannot be read once it is given, or None: a directory, or
-    no regular file (a FIFO: the start waited without end for a writer to open it; a pipe, as
-    ``<(...)``: read twice, it was empty the second time)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        return f"cannot read it: {exc.strerror or exc}"
-    if stat.S_ISDIR(mode):
-        return "it is a directory: give the file in it"
-    if not stat.S_ISREG(mode):
-        return "it is no regular file (a FIFO, a pipe, a socket or a device): give a file"
-    return v.check_readable_file(path)
-
-
 def check_host(host: str) -> str | None:
     """Why ``host`` is no name or address the socket layer can look up (it encodes a name with
     the ``idna`` codec, whose error was a traceback at the bind: ``a..b``, a label over 63
@@ -123,7 +105,7 @@ def _member_host(member: str) -> str:
 # (parse, check) pairs that several settings share
 _TEXT = (v.parse_str, v.check_nothing)
 _HOST = (v.parse_str, check_host)
-_FILE = (v.parse_str, check_file)
+_FILE = (v.parse_str, v.check_readable_file)
 _COUNT = (v.parse_int, v.check_non_negative)  # a cap or a count (0: no cap, or none)
 _POSITIVE_INT = (v.parse_int, v.check_positive)
 _LEASE = (v.parse_int, v.check_lease)

@@ -5,6 +5,8 @@ typed value is unusable."""
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -215,7 +217,15 @@ check_cluster = _parses(split_cluster_url)
 
 
 def check_readable_file(value: str) -> str | None:
+    """Why the file a setting names cannot be read, or None: missing or unreadable, a
+    directory, or no regular file (a FIFO: the start waited without end for a writer to open
+    it; a pipe, as ``<(...)``: read twice, it was empty the second time)."""
     try:
+        mode = os.stat(value).st_mode
+        if stat.S_ISDIR(mode):
+            return "it is a directory: give the file in it"
+        if not stat.S_ISREG(mode):
+            return "it is no regular file (a FIFO, a pipe, a socket or a device): give a file"
         with open(value, "rb"):
             pass
     except OSError as exc:
