@@ -474,23 +474,20 @@ class Server:
         deadline = self.loop.time() + timeout_s
         while table.held and connections and self.loop.time() < deadline and not self._drain_cut:
             await asyncio.sleep(c.DRAIN_POLL_S)
-        cut_off: set[int] = set()
         if table.held and connections:
             log.info("shutdown timeout reached with %d lock(s) held", table.held)
-            if self.node is not None:
-                # Their holders may go on believing they hold until their leases end: a
-                # cluster member leaves these shards to the failover wait, not released.
-                cut_off = self.serving.held_shards()
         for timer in self._timers:
             timer.cancel()
         if self.snapshots is not None:
             self.snapshots.flush()  # a last snapshot for whoever still waits for one
         if self.node is not None:
-            # The member stops deciding first: the closes below empty the table, and a shard
-            # moving out must not be handed over for that (its cut-off holders still hold).
+            # The member stops deciding first (a step still under way when its wait ends
+            # goes on, and may hand shards over).
             await self.loop.run_in_executor(None, self.node.halt)
         # The journal is closed before the connections: closing them here is this run's
-        # end, not their holders' release; the next run restores their leases.
+        # end, not their holders' release; the next run restores their leases. The table
+        # keeps their grants till their leases end (``LockTable.disconnect``): their shards
+        # count as held, and neither a late step nor the leave hands them over.
         self._close_state()
         for conn in list(connections):
             conn.drain_now()
@@ -508,7 +505,7 @@ class Server:
             # After the drain: the member releases the shards nobody holds (their heirs take
             # them at once), then leaves (its lease revoked); the shards cut off wait for the
             # failover (the longest lease).
-            await self.loop.run_in_executor(None, lambda: node.stop(keep=cut_off))
+            await self.loop.run_in_executor(None, node.stop)
         self._stopped.set()
 
     def set_ownership(self, ownership: Ownership) -> None:

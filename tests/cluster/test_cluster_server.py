@@ -11,6 +11,7 @@ import math
 import socket
 import threading
 import time
+from base64 import b64encode
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -51,7 +52,14 @@ CLUSTER_SERIES = (
 class Member:
     """One cluster member: a real server, its ``/metrics`` and its advertised address."""
 
-    def __init__(self, etcd_url: str, prefix: str, longest: int, shutdown_timeout_s: float) -> None:
+    def __init__(
+        self,
+        etcd_url: str,
+        prefix: str,
+        longest: int,
+        shutdown_timeout_s: float,
+        cluster_lease_ttl_s: int = 5,
+    ) -> None:
         port = free_port()
         self.advertise = f"127.0.0.1:{port}"
         cfg = Config(
@@ -64,6 +72,7 @@ class Member:
             metrics_port=0,
             metrics_host="127.0.0.1",
             shutdown_timeout_s=shutdown_timeout_s,
+            cluster_lease_ttl_s=cluster_lease_ttl_s,
         )
         self.config = cfg
         self.thread = ServerThread(cfg).start()
@@ -106,10 +115,15 @@ def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[...,
     started: list[Member] = []
 
     def start(
-        longest: int = 3, etcd_url: str | None = None, shutdown_timeout_s: float = 10.0
+        longest: int = 3,
+        etcd_url: str | None = None,
+        shutdown_timeout_s: float = 10.0,
+        cluster_lease_ttl_s: int = 5,
     ) -> Member:
         url = etcd_url or etcd_server.url
-        member = Member(url, etcd_prefix.rstrip("/"), longest, shutdown_timeout_s)
+        member = Member(
+            url, etcd_prefix.rstrip("/"), longest, shutdown_timeout_s, cluster_lease_ttl_s
+        )
         started.append(member)
         return member
 
@@ -320,6 +334,60 @@ def test_a_draining_member_hands_free_shards_over_at_once_cut_off_ones_wait(
         assert fence(w.lock(held)) > fence(stuck_token)
     assert b.metric("dflockd_cluster_failovers_total") == 1
     assert b.shards("serving") == SHARD_COUNT
+
+
+@pytest.mark.timeout(180)
+def test_a_step_that_outlives_the_stop_s_halt_hands_no_cut_off_shard_over(
+    members: Callable[..., Member], etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A member's step waits on a slow etcd (its call may take the cluster lease's TTL, 30 s
+    here) while the member stops: the stop's halt waits 10 s for the step, then closes the
+    connections of the holders its shutdown timeout cut off. The step, going on, must still
+    count their shards as held: it hands over no shard whose holder may believe it holds."""
+    prefix = etcd_prefix.rstrip("/")
+    longest = 30
+    with FaultProxy(("127.0.0.1", etcd_server.client_port)) as proxy:
+        a = members(
+            longest,
+            etcd_url=f"http://127.0.0.1:{proxy.address[1]}",
+            shutdown_timeout_s=1.0,
+            cluster_lease_ttl_s=longest,
+        )
+        b = members(longest)
+        half = SHARD_COUNT // 2
+        for m in (a, b):
+            wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+        key, gained = a.key("held:"), b.key("gained:")
+        with Wire(a.address) as holder:
+            token = holder.lock(key)
+            # The key's shard is to move to b while held: a splits it and keeps the key.
+            pin(etcd, prefix, shard_id(key), b.advertise)
+            wait_until(
+                lambda: read_view(etcd, prefix).shard_map[shard_id(key)].split == b.advertise,
+                what="a splits the held key's shard towards b",
+                timeout=WAIT_S,
+            )
+            # a gains a shard: its next step reads the fence ceilings, and etcd holds the reply.
+            ceilings = b64encode(f"{prefix}/fence/".encode()).decode()
+            held = proxy.hold_reply_after(f'"key": "{ceilings}", "range_end"'.encode())
+            pin(etcd, prefix, shard_id(gained), a.advertise)
+            assert held.wait(WAIT_S), "a never read the fence ceilings after gaining a shard"
+            stopping = threading.Thread(target=lambda: a.thread.stop(drain=True))
+            stopping.start()
+            # The shutdown timeout cuts the holder off; the halt gives up on the step (10 s).
+            holder.sock.settimeout(WAIT_S)
+            assert holder.sock.recv(1) == b"", "a closed the cut-off holder's connection"
+        proxy.release_replies()  # the step goes on, the holder's lease still running
+        stopping.join(WAIT_S * 2)
+        assert not stopping.is_alive()
+        stopped_at = time.monotonic()
+        shard = read_view(etcd, prefix).shard_map[shard_id(key)]
+        assert shard.current == a.advertise, f"handed over while its holder holds: {shard}"
+        # b waits for the failover before granting the key: within the holder's lease, no.
+        while time.monotonic() - stopped_at < 3.0:
+            reply = acquire(b.address, key)
+            assert not reply.startswith("ok "), f"b granted {key} under {token}'s lease: {reply}"
+            time.sleep(0.2)
 
 
 def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(

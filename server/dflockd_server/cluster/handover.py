@@ -14,8 +14,10 @@ clock rates differ by less than the margin over that time.
 
 A graceful leave (``ClusterNode.stop(leave=True)``, after the drain): the node refuses every
 acquire, asks ``holders_in`` (on the loop: no grant can follow), publishes its fence ceiling,
-writes the shards nobody holds (and not in ``keep``) released, and only then revokes its
-lease; each heir takes them at once. The rest wait for the failover.
+writes the shards nobody holds released, and only then revokes its
+lease; each heir takes them at once. The rest wait for the failover: among them the shards of
+holders the shutdown timeout cut off, whose grants the table keeps till their leases end (a
+close by the server frees nothing).
 """
 
 from __future__ import annotations
@@ -186,9 +188,7 @@ class Handover:
                 refused.add(gone)
         return written, refused
 
-    def release(
-        self, member: Member, keep: frozenset[int], fence: FenceCounter, now: float
-    ) -> None:
+    def release(self, member: Member, fence: FenceCounter, now: float) -> None:
         """Mark released the shards this member serves that nobody holds (a graceful leave)."""
         if member.lost is not None or now >= member.lease_valid_until:
             return  # the others may count a failover already
@@ -200,7 +200,7 @@ class Handover:
             view = read_view(self.client, self.prefix)
             mine = [s for s, a in view.shard_map.items() if a.current == self.advertise]
             held = self.host.holders_in(mine) if mine else set()
-            free = [s for s in mine if s not in held and s not in keep]
+            free = [s for s in mine if s not in held]
             if not free:
                 break
             if not published:
@@ -216,10 +216,10 @@ class Handover:
                 break
         log.info(
             "cluster member %s: leaving; released %d shard(s) to their heirs at once "
-            "(%d held or cut off: they wait for the failover)",
+            "(%d held, cut-off holders included: they wait for the failover)",
             self.advertise,
             len(released),
-            len(held | keep),
+            len(held),
         )
 
     def _write_assignments(

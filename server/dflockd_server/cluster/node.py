@@ -27,7 +27,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dflockd_server.cluster.asktickets import AskTickets, new_secret
@@ -218,19 +218,16 @@ class ClusterNode:
         self._wake.set()
         return self
 
-    def stop(
-        self, *, leave: bool = True, timeout: float = 10.0, keep: Collection[int] = ()
-    ) -> None:
-        """Stop deciding, then leave (``leave``: release the shards nobody holds, except
-        ``keep``, whose cut-off holders may still believe they hold; then revoke the lease) or
-        let the lease run out (a crash)."""
+    def stop(self, *, leave: bool = True, timeout: float = 10.0) -> None:
+        """Stop deciding, then leave (``leave``: release the shards nobody holds, then revoke
+        the lease) or let the lease run out (a crash)."""
         self.halt(timeout)
         member, self.member = self.member, None
         if member is None:
             return
         if leave:
             try:
-                self._handover.release(member, frozenset(keep), self.fence, self._clock())
+                self._handover.release(member, self.fence, self._clock())
             except (EtcdError, FenceStateError) as exc:
                 log.warning(
                     "cluster member %s: cannot release its shards (%s): they wait for the failover",
