@@ -289,6 +289,8 @@ def test_cluster_urls(url: str, expected: tuple[str, str]) -> None:
         "etcd://e:1,e:1/p",
         "etcd://u:pw@e:1/p",
         "etcds://e:1,f/p",
+        "etcd://a..b:1",  # (a traceback of the idna codec was its answer)
+        f"etcd://e:1,{'x' * 64}.example:1/p",
     ],
 )
 def test_bad_cluster_urls_name_the_flag(url: str) -> None:

@@ -32,11 +32,9 @@ class ClusterOpError(Exception):
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
     """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` -> (``http://HOST:PORT,...``, the key
-    prefix); ``etcds://`` -> ``https://``."""
-    try:
-        parsed = split_cluster_url(url)
-    except ValueError as exc:
-        raise ValueError(f"{_CLUSTER.flag} (or {_CLUSTER.env[0]}) {exc}") from None
+    prefix); ``etcds://`` -> ``https://``. Read and checked as the server reads it: a
+    ``ValueError`` naming the setting."""
+    parsed = split_cluster_url(_CLUSTER.take(url, f"{_CLUSTER.flag} (or {_CLUSTER.env[0]})"))
     scheme = "https" if parsed.tls else "http"
     return f"{scheme}://{parsed.format().split('://', 1)[1].split('/', 1)[0]}", parsed.prefix
 
