@@ -7,6 +7,7 @@ duplicate gets the holder's result or `AlreadyQueued`, a retry keeps the hold, a
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import time
@@ -552,3 +553,18 @@ def test_a_publish_that_fails_releases_its_hold(rig: Rig) -> None:
         assert rig.key_free(f"once:{name}", wait_s=0)
     finally:
         close_app(app)
+
+
+@pytest.mark.parametrize("countdown", [1e12, math.inf])
+def test_a_countdown_no_lease_can_cover_is_refused_by_name(rig: Rig, countdown: float) -> None:
+    """A message due further off than any lease the server grants: refused before it is sent,
+    naming the countdown (``inf`` raised ``OverflowError`` from the hold's lease arithmetic)."""
+    parked = unique("dflock-nobody")
+    name = unique("far-off")
+    with pytest.raises(DflockError, match="countdown") as refused:
+        rig.tasks["plain"].apply_async(
+            (name,), queue=parked, lock_from="publish", countdown=countdown
+        )
+    print(refused.value)
+    assert messages(rig, parked) == 0
+    assert rig.key_free(f"once:{name}", wait_s=0)
