@@ -52,19 +52,29 @@ _CLIENT_FIELDS: Final = {
 def _spelt(conf: Any, name: str) -> tuple[str, object]:
     """(the spelling of setting ``name`` that ``conf`` has, its value); (``name``, None):
     unset. The upper-case spelling is read too (``DFLOCK_SERVERS``; with ``namespace="CELERY"``
-    Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``); an old name's spelling warns."""
+    Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``); an old name's spelling warns.
+    Two spellings set to different values are refused: which one counts would be a guess."""
     old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
-    for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
-        if (value := conf.get(spelling)) is not None:
-            if spelling.lower() != name:
-                warnings.warn(
-                    f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
-                    f"option's app-wide setting is its name with dflock_ in front)",
-                    DeprecationWarning,
-                    stacklevel=3,
-                )
-            return spelling, value
-    return name, None
+    spellings = (name, name.upper(), *old, *(o.upper() for o in old))
+    given = [
+        (spelling, value) for spelling in spellings if (value := conf.get(spelling)) is not None
+    ]
+    if not given:
+        return name, None
+    spelling, value = given[0]
+    if other := next(((s, v) for s, v in given[1:] if v != value), None):
+        raise DflockConfigError(
+            f"app.conf.{spelling}={value!r} and app.conf.{other[0]}={other[1]!r} are one "
+            f"setting ({name}) given twice: set one of them"
+        )
+    if spelling.lower() != name:
+        warnings.warn(
+            f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
+            f"option's app-wide setting is its name with dflock_ in front)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return spelling, value
 
 
 def check_setting_names(conf: Any, namespace: str | None = None) -> None:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -728,6 +729,30 @@ def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
         config = get_config(app)
     assert config.defaults.by_name()[field] == value
     app.close()
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("dflock_default_ttl", "dflock_lock_ttl"), ("dflock_lock_ttl", "DFLOCK_LOCK_TTL")],
+)
+def test_one_setting_under_two_names_with_two_values_is_refused_naming_both(
+    first: str, second: str
+) -> None:
+    """Which one counted was a guess made without a word (the new name's, the old one
+    ignored)."""
+    app = mistaken_app(**{first: 45, second: 60})
+    with pytest.raises(DflockConfigError, match="given twice") as refused:
+        get_config(app)
+    assert f"app.conf.{first}=45" in str(refused.value) or f"app.conf.{second}=60" in str(
+        refused.value
+    )
+    assert first in str(refused.value) and second in str(refused.value)
+    app.close()
+    same = mistaken_app(**{first: 45, second: 45})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert get_config(same).defaults.by_name()["lock_ttl"] == 45
+    same.close()
 
 
 def test_a_bad_value_under_an_old_setting_name_is_refused_naming_that_name() -> None:
