@@ -283,6 +283,12 @@ def _start_up_warnings(
             "hands out smaller fences than before; give --state-dir a directory on a "
             "persistent volume"
         )
+    elif state is not None and config.cluster:
+        yield (
+            f"{names('fence_state_file')} with {names('cluster')}: a cluster member keeps its "
+            f"fence ceiling in etcd and never writes {state!r}; give --state-dir instead (the "
+            "directory that keeps what a member must outlive)"
+        )
     elif state is not None and not os.path.exists(state):
         yield (
             f"fence state file {state!r} does not exist yet; it is created now. If this server "

@@ -37,6 +37,7 @@ DEFAULT_JOURNAL_FSYNC: Final = "everysec"
 MAX_LINE_BYTES: Final = 256  # longest request line (before its newline) the server accepts
 MAX_AUTH_LINE_BYTES: Final = 65536  # longest argument line of an `auth` request
 MAX_NUMBER: Final = 9_000_000_000  # numbers (seconds, limits) above this are refused as malformed
+MIN_SECONDS: Final = 0.001  # the shortest timeout or interval a setting takes (a millisecond)
 QUICK_NUMBERS: Final = 1001  # 0 to 1,000 are read from a table built at import, not digit by digit
 MAX_SEMAPHORE_LIMIT: Final = 1_048_576
 MIN_SEMAPHORE_LIMIT: Final = 1

@@ -110,8 +110,8 @@ _COUNT = (v.parse_int, v.check_non_negative)  # a cap or a count (0: no cap, or 
 _POSITIVE_INT = (v.parse_int, v.check_positive)
 _LEASE = (v.parse_int, v.check_lease)
 _PORT = (v.parse_int, v.check_port)
-_SECONDS = (v.parse_float, v.check_positive)
-_SECONDS_OR_0 = (v.parse_float, v.check_non_negative)
+_SECONDS = (v.parse_float, v.check_seconds)
+_SECONDS_OR_0 = (v.parse_float, v.check_seconds_or_0)
 
 
 SETTINGS: tuple[Setting, ...] = (

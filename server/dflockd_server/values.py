@@ -103,6 +103,22 @@ def check_non_negative(value: float) -> str | None:
     return None if value >= 0 else "must be >= 0"
 
 
+def check_seconds(value: float) -> str | None:
+    """A duration the server waits or repeats at: from ``MIN_SECONDS`` (a sweep or a timer
+    more often burns a core to do nothing) to ``MAX_NUMBER`` (a lease's limit; a timeout of
+    1e300 s was taken as given)."""
+    if c.MIN_SECONDS <= value <= c.MAX_NUMBER:
+        return None
+    return f"must be {c.MIN_SECONDS:g} to {c.MAX_NUMBER} seconds"
+
+
+def check_seconds_or_0(value: float) -> str | None:
+    """``check_seconds``, or 0 (none, or at once, as the setting says)."""
+    if value == 0 or c.MIN_SECONDS <= value <= c.MAX_NUMBER:
+        return None
+    return f"must be 0 or {c.MIN_SECONDS:g} to {c.MAX_NUMBER} seconds"
+
+
 def check_auto(value: float | None) -> str | None:
     """0 to ``MAX_NUMBER`` (as far as a lease may go), or ``auto`` (``None``)."""
     if value is None or 0 <= value <= c.MAX_NUMBER:

@@ -32,6 +32,7 @@ from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.fleet import cluster_url
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
+from tests.support.servers import DflockdProcess
 from tests.support.shards import pin, unpin
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
@@ -388,6 +389,32 @@ def test_a_step_that_outlives_the_stop_s_halt_hands_no_cut_off_shard_over(
             reply = acquire(b.address, key)
             assert not reply.startswith("ok "), f"b granted {key} under {token}'s lease: {reply}"
             time.sleep(0.2)
+
+
+def test_a_fence_state_file_given_to_a_member_is_warned_about_not_said_to_be_made(
+    etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path
+) -> None:
+    """A member keeps its fence ceiling in etcd: the start said the file "is created now" and
+    that fences may be smaller than before, of a file it never writes."""
+    port = free_port()
+    state = tmp_path / "fence"
+    proc = DflockdProcess(
+        [
+            "--host", "127.0.0.1", "--port", str(port), "--advertise", f"127.0.0.1:{port}",
+            "--cluster", cluster_url(etcd_server.url, etcd_prefix.rstrip("/")),
+            "--fence-state-file", str(state),
+        ],
+        {},
+    )  # fmt: skip
+    try:
+        proc.wait_listening()
+        warning = proc.wait_for("--fence-state-file")
+        assert "WARNING" in warning and "keeps its fence ceiling in etcd" in warning, warning
+        assert "--state-dir" in warning
+        assert not any("is created now" in line for line in proc.lines), proc.lines
+        assert not state.exists()
+    finally:
+        proc.kill()
 
 
 def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(

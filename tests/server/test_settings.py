@@ -230,6 +230,13 @@ BAD = [
     ("DFLOCKD_MAX_TLS_HANDSHAKES", "--max-tls-handshakes", "-1"),
     ("DFLOCKD_METRICS_PORT", "--metrics-port", "99999"),
     ("DFLOCKD_JOURNAL_FSYNC", "--journal-fsync", "sometimes"),
+    # A number of seconds far past any lease was taken as given (a 300-digit wait in the log),
+    # and an interval of a nanosecond as a timer that burns a core:
+    ("DFLOCKD_SHUTDOWN_TIMEOUT_S", "--shutdown-timeout", "1e300"),
+    ("DFLOCKD_READ_TIMEOUT_S", "--read-timeout", "1e300"),
+    ("DFLOCKD_LEASE_SWEEP_INTERVAL_S", "--lease-sweep-interval", "1e-9"),
+    ("DFLOCKD_GC_INTERVAL_S", "--gc-interval", "0.0001"),
+    ("DFLOCKD_GC_MAX_IDLE_S", "--gc-max-idle", "1e10"),
 ]
 
 
