@@ -163,16 +163,18 @@ def publish_hold(
     eta: Any = None,
     expires: Any = None,
     in_canvas: bool = False,
+    beat: GivenOptions | None = None,
 ) -> PublishHold | Follow | None:
     """Take the publish-time hold of a message of ``task`` (``call``: (args, kwargs) as the run
     will see them); None: it is not sent under one. The key held: a `Follow` of the holder (send
     nothing, return its result: ``on_duplicate="return"``), `AlreadyQueued` raised
     (``"raise"``), or, for a canvas member (``in_canvas``), whatever the policy, a `Follow` whose
-    follower is sent in its place (and fails at once where the publish would raise)."""
+    follower is sent in its place (and fails at once where the publish would raise). ``beat``:
+    the options beat's non-overlap gives the message (`nonoverlap_options`)."""
     app: Any = task._get_app()
     config, runtime, name = get_config(app), get_runtime(app), str(task.name)
     runs = runtime.task_runs(name)
-    options = options_for(task, config, runs, per_call)
+    options = options_for(task, config, runs, per_call, beat)
     if options is None or options.lock_from != "publish":
         return None
     key = runs.key_builder(task, options.key, task.run, config.key_prefix).key(*call)

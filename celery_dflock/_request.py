@@ -38,6 +38,10 @@ HOLD_HEADER: Final = "dflock_hold"
 FOLLOW_HEADER: Final = "dflock_follow"
 """Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
 "error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
+BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
+"""Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``): its
+run takes `nonoverlap_options` where the task sets none of its own."""
+NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 
 MAX_BACKOFF_EXPONENT: Final = 32  # the most doublings of a backoff
 
@@ -50,6 +54,20 @@ def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> flo
 
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # a run's (args, kwargs)
+
+
+def nonoverlap_options(entry: object) -> GivenOptions | None:
+    """The lock options of a message beat sent for entry ``entry`` (its `BEAT_ENTRY_HEADER`;
+    None or empty: none): the entry's own key, skipped while taken. They rank below the task's
+    own (``dflock_task_locks``, its attributes) and above the app's settings: a task with a
+    ``lock_key`` keeps it, so its beat runs still exclude its other runs on that key."""
+    if not entry:
+        return None
+    escaped = str(entry).replace("{", "{{").replace("}", "}}")  # a literal template
+    return read_call_options(
+        {"lock_key": NONOVERLAP_KEY_PREFIX + escaped, "on_locked": "skip"},
+        f"the {BEAT_ENTRY_HEADER!r} header",
+    )
 
 
 def mapping_of(value: object) -> Mapping[str, Any] | None:
@@ -68,22 +86,25 @@ def header(request: Any, name: str) -> object:
 
 @dataclass(slots=True)
 class Message:
-    """One run, with its per-call lock options checked (None: none)."""
+    """One run, with its per-call lock options checked (None: none), and those of beat's
+    non-overlap (`nonoverlap_options`)."""
 
     task: Any
     request: Any
     call: Call
     options: GivenOptions | None
     task_id: str | None
+    beat: GivenOptions | None = None
 
     @classmethod
     def read(cls, task: Any, request: Any, call: Call) -> Message:
         # Celery takes any id (an int too): the notes hold it as text
         task_id = None if request.id is None else str(request.id)
+        beat = nonoverlap_options(header(request, BEAT_ENTRY_HEADER))
         if not (raw := header(request, LOCK_OPTIONS_HEADER)):
-            return cls(task, request, call, None, task_id)
+            return cls(task, request, call, None, task_id, beat)
         what = f"call options of task {getattr(request, 'task', '?')!r}"
-        return cls(task, request, call, read_call_options(raw, what), task_id)
+        return cls(task, request, call, read_call_options(raw, what), task_id, beat)
 
     @property
     def label(self) -> str:
@@ -134,7 +155,7 @@ def resend(
     request = message.request
     headers = dict(mapping_of(getattr(request, "headers", None)) or {})
     # A worker's request keeps these as attributes.
-    for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
+    for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER, BEAT_ENTRY_HEADER):
         if (value := header(request, name)) is not None:
             headers[name] = value
     headers.update(extra or {})

@@ -84,7 +84,7 @@ def locked_run(
     config, runtime = get_config(app), get_runtime(app)
     run: Callable[..., Any] = task.run
     runs = runtime.task_runs(str(task.name))
-    options = options_for(task, config, runs, message.options)
+    options = options_for(task, config, runs, message.options, message.beat)
     if options is None:
         return (body or run)(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)

@@ -131,13 +131,17 @@ def check_attributes(task_cls: type[Any], name: str) -> None:
 
 
 def options_for(
-    task: Any, config: DflockConfig, runs: TaskRuns, per_call: GivenOptions | None
+    task: Any,
+    config: DflockConfig,
+    runs: TaskRuns,
+    per_call: GivenOptions | None,
+    beat: GivenOptions | None = None,
 ) -> LockOptions | None:
     """The lock options of a run (or a publish) of ``task``; None when it is not locked
-    (``per_call``: the options its message gives, already checked)."""
+    (``per_call``, ``beat``: the options its message gives, already checked)."""
     plan = runs.plan_for(task, config, _attributes(task))
-    if per_call is not None:  # per call: resolved every time (they must win)
-        return resolve_options(config, str(task.name), plan.given, per_call)
+    if per_call is not None or beat is not None:  # resolved every time (they must count)
+        return resolve_options(config, str(task.name), plan.given, per_call, beat)
     return plan.options
 
 

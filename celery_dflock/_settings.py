@@ -525,7 +525,7 @@ BEAT_SETTING_SPECS: Final = (
         "Lease seconds of the leader lock: how long a hung beat blocks a failover."),
     _setting("dflock_beat_nonoverlap", False, check_bool,
         "Every task beat sends runs under a per-entry lock (`beat-entry:<entry name>`), "
-        '`on_locked="skip"`.'),
+        '`on_locked="skip"`, unless the task sets its own `lock_key` or `on_locked`.'),
 )  # fmt: skip
 """The singleton beat's settings (read by `celery_dflock.beat.BeatSettings`)."""
 

@@ -41,7 +41,7 @@ from celery.utils.imports import (
 from celery.utils.time import maybe_make_aware
 
 from celery_dflock._celery import signals as celery_signals
-from celery_dflock._request import LOCK_OPTIONS_HEADER, beat_note
+from celery_dflock._request import BEAT_ENTRY_HEADER, LOCK_OPTIONS_HEADER, beat_note
 from celery_dflock._settings import (
     BEAT_SETTING_SPECS,
     DEFAULT_BEAT_KEY_PREFIX,
@@ -58,9 +58,6 @@ __all__ = ["BEAT_ENTRY_HEADER", "DEFAULT_BEAT_LEASE_TTL_S", "BeatSettings", "Sin
 
 logger = logging.getLogger("celery_dflock.beat")
 
-BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
-"""Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``)."""
-NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 STANDBY_TICK_S: Final = 1.0
 """Longest a standby's tick blocks waiting to be promoted."""
 STANDBY_RETURN_S: Final = 0.001
@@ -298,21 +295,21 @@ def _wrapped_class(setting: object, beat_scheduler: object) -> type[Scheduler]:
 
 
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` for one send of entry ``name`` under its non-overlap lock."""
+    """``options`` for one send of entry ``name`` under its non-overlap lock: the entry named
+    in `BEAT_ENTRY_HEADER` (the worker takes ``nonoverlap_options`` from it, below the task's
+    own lock options), the entry's lock options in `LOCK_OPTIONS_HEADER` (per call: above)."""
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
     headers = dict(_entry_mapping(name, "options['headers']", options.get("headers")))
     result["headers"] = headers
-    entry_name = headers.setdefault(BEAT_ENTRY_HEADER, name)
-    if not entry_name:
+    if not headers.setdefault(BEAT_ENTRY_HEADER, name):
         return dict(options)  # the entry opted out
-    escaped = str(entry_name).replace("{", "{{").replace("}", "}}")  # a literal template
     where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
-    headers[LOCK_OPTIONS_HEADER] = {
-        "lock_key": NONOVERLAP_KEY_PREFIX + escaped,
-        "on_locked": "skip",
+    given = {
         **_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)),
         **{k: v for k, v in options.items() if k in LOCK_OPTIONS},
     }
+    if given:
+        headers[LOCK_OPTIONS_HEADER] = given
     return result
 
 

@@ -172,12 +172,16 @@ class LockOptions:
 
 
 def resolve_options(
-    config: DflockConfig, task_name: str, attributes: GivenOptions, call: GivenOptions | None = None
+    config: DflockConfig,
+    task_name: str,
+    attributes: GivenOptions,
+    call: GivenOptions | None = None,
+    beat: GivenOptions | None = None,
 ) -> LockOptions:
-    """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default
-    (every layer was checked where it entered)."""
+    """Resolve every lock option: call > dflock_task_locks > attribute > beat's non-overlap >
+    app.conf > default (every layer was checked where it entered)."""
     entry = config.task_locks.get(task_name, NO_OPTIONS)
-    layers = (call or NO_OPTIONS, entry, attributes, config.defaults)
+    layers = (call or NO_OPTIONS, entry, attributes, beat or NO_OPTIONS, config.defaults)
     first: dict[str, Any] = {
         spec.attribute: next(
             (value for layer in layers if (value := getattr(layer, spec.attribute)) is not None),

@@ -24,6 +24,7 @@ from celery_dflock import _worker_hooks
 from celery_dflock._celery import BaseTask, Reject, task_stack
 from celery_dflock._queue_once import publish_hold, retry_hand_off
 from celery_dflock._request import (
+    BEAT_ENTRY_HEADER,
     FOLLOW_HEADER,
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
@@ -34,6 +35,7 @@ from celery_dflock._request import (
     header,
     held_lock,
     mapping_of,
+    nonoverlap_options,
 )
 from celery_dflock._run import locked_run
 from celery_dflock._runtime import AnyLock, app_client, check_attributes
@@ -163,6 +165,7 @@ class LockedTask(Task):
             eta=options.get("eta"),
             expires=options.get("expires", getattr(self, "expires", None)),  # as Celery reads it
             in_canvas=in_canvas,
+            beat=nonoverlap_options(headers.get(BEAT_ENTRY_HEADER)),
         )
         if taken is None:
             return send()
@@ -261,6 +264,8 @@ class LockedTask(Task):
             headers[LOCK_RETRIES_HEADER] = headers[OUTAGE_HEADER] = None
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
+        if entry := header(request, BEAT_ENTRY_HEADER):
+            headers[BEAT_ENTRY_HEADER] = entry
         # A retry is no new publish: it takes no hold of its own.
         headers[HOLD_HEADER] = None if kept is None else kept.header()
         options["headers"] = headers

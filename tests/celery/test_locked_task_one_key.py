@@ -15,6 +15,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_dflock import LockNotAcquired
+from celery_dflock.beat import _nonoverlap_options  # pyright: ignore[reportPrivateUsage]
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
 from tests.support.workers import EventLog, WorkerFactory, with_server
@@ -99,3 +100,41 @@ def test_on_locked_raise_names_the_other_lock_limit(
     finally:
         release.touch()
     assert semaphore.get(timeout=RESULT_TIMEOUT_S) == 0
+
+
+@pytest.mark.redis
+def test_a_beat_sent_run_of_a_task_with_its_own_key_takes_that_key(
+    redis_settings: dict[str, Any],
+    lock_server: ServerThread,
+    make_workers: Callable[[dict[str, Any]], WorkerFactory],
+    client_app: Callable[[dict[str, Any]], Celery],
+    event_log: EventLog,
+    tmp_path: Path,
+) -> None:
+    """``dflock_beat_nonoverlap`` gives beat's messages the entry's key and ``skip``, below the
+    task's own lock options: a beat run of a task keyed ``shared:{group}`` is excluded by a
+    ``delay()`` run holding that key. The entry's key was sent as a call option, above the
+    task's: the beat run took ``beat-entry:<entry>`` and ran beside the other at once."""
+    settings = with_server(redis_settings, lock_server)
+    worker = make_workers(settings).start(pool="prefork", concurrency=2)
+    app = client_app(settings)
+    group = uuid.uuid4().hex[:8]
+    release = tmp_path / "release-first"
+    first = send(app, "shared_key_retry", 0, group, release, None)
+    event_log.wait_event("started", task_id=first.id, timeout=RESULT_TIMEOUT_S)
+    # As SingletonScheduler sends a run of entry "nightly" with dflock_beat_nonoverlap on; the
+    # entry gives a lock option of its own (kept): no wait in the key's queue.
+    beat_options = _nonoverlap_options("nightly", {"lock_timeout": 0})
+    args = (1, group, None)
+    second = app.send_task("apps.tasks.shared_key_retry", args, **beat_options)
+    # Its key is busy: the task's own on_locked ("retry") counts, not the entry's "skip".
+    busy = f"lock 'shared:{group}' is held by task {first.id}"
+    assert worker.wait_output(busy, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
+    assert not event_log.events("started", task_id=second.id)
+    release.touch()
+    assert first.get(timeout=RESULT_TIMEOUT_S) == 0
+    assert second.get(timeout=RESULT_TIMEOUT_S) == 1
+    runs = {r["n"]: r for r in event_log.entries("run") if r["task_id"] in (first.id, second.id)}
+    assert runs[0]["key"] == runs[1]["key"] == f"shared:{group}"
+    assert runs[1]["start"] >= runs[0]["end"], runs
+    assert runs[1]["lock_retries"] >= 1
