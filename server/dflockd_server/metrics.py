@@ -120,7 +120,7 @@ class Snapshot:
     ) -> Snapshot:
         """Read the server's state; call on its event loop."""
         counts = table.grants.counts
-        locks, sems = table.occupancy(False), table.occupancy(True)
+        locks, sems, busy = table.census()
         by_kind: list[KindRow] = [
             ("grants", "Locks and semaphore slots granted.", tuple(counts.grants), True),
             ("releases", "Explicit releases by the holder's token.", tuple(counts.releases),
@@ -142,7 +142,7 @@ class Snapshot:
         ]  # fmt: skip
         single: list[Row] = [
             ("keys_busy", "Keys held or waited on now (queue-once holds included): idle keys are "
-             "pruned to make room for a new key, these are not.", len(table.busy_keys()), False),
+             "pruned to make room for a new key, these are not.", busy, False),
             ("keys_max", "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a "
              "new key is refused with error_max_locks.", table.grants.max_locks, False),
             ("connections", "Client connections open now.", connections, False),

@@ -689,18 +689,31 @@ class LockTable:
 
     def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
         """``(keys, holders, waiters)`` of one kind right now."""
-        keys = holders = waiters = 0
-        for state in self.grants.keys.values():
-            if isinstance(state, Holder):
-                if not is_sem:
-                    keys += 1
-                    holders += state.live
+        locks, sems, _ = self.census()
+        return sems if is_sem else locks
+
+    def census(self) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """``occupancy`` of locks, then of semaphores, and ``len(busy_keys())``, in one walk of
+        the table (a metrics scrape's)."""
+        lock_keys = lock_held = lock_waiting = sem_keys = sem_held = sem_waiting = busy = 0
+        for entry in self.grants.keys.values():
+            if isinstance(entry, Holder):  # a lock nobody waits for
+                lock_keys += 1
+                if entry.live:
+                    lock_held += 1
+                    busy += 1
                 continue
-            if state.is_sem is is_sem:
-                keys += 1
-                holders += state.n_held
-                waiters += state.n_waiting
-        return keys, holders, waiters
+            held, waiting = entry.n_held, entry.n_waiting
+            if entry.is_sem:
+                sem_keys += 1
+                sem_held += held
+                sem_waiting += waiting
+            else:
+                lock_keys += 1
+                lock_held += held
+                lock_waiting += waiting
+            busy += bool(held or waiting)
+        return (lock_keys, lock_held, lock_waiting), (sem_keys, sem_held, sem_waiting), busy
 
     def session_grants(self) -> int:
         """Grants kept by client sessions now: held on their connections, open or closed."""
