@@ -687,14 +687,9 @@ class LockTable:
         """Forget keys idle for at least ``max_idle_s``."""
         return self.grants.idle.prune(self.grants.keys, self.clock(), max_idle_s)
 
-    def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
-        """``(keys, holders, waiters)`` of one kind right now."""
-        locks, sems, _ = self.census()
-        return sems if is_sem else locks
-
     def census(self) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-        """``occupancy`` of locks, then of semaphores, and ``len(busy_keys())``, in one walk of
-        the table (a metrics scrape's)."""
+        """``(keys, holders, waiters)`` of locks, then of semaphores, and how many keys are
+        busy (``len(busy_keys())``), in one walk of the table (a metrics scrape's)."""
         lock_keys = lock_held = lock_waiting = sem_keys = sem_held = sem_waiting = busy = 0
         for entry in self.grants.keys.values():
             if isinstance(entry, Holder):  # a lock nobody waits for

@@ -169,8 +169,7 @@ def test_an_idle_key_takes_the_limit_and_kind_of_its_next_acquire(
     state = key_state(table, "k")
     assert state is not None and (state.limit, state.is_sem) == (3, True)
     assert table.stats(0)["semaphores"] == [{"key": "k", "limit": 3, "holders": 1, "waiters": 0}]
-    assert table.occupancy(True) == (1, 1, 0)
-    assert table.occupancy(False) == (0, 0, 0)
+    assert table.census() == ((0, 0, 0), (1, 1, 0), 1)  # locks, semaphores, busy keys
 
 
 def test_renew_and_release_take_any_token_of_the_key(table: LockTable) -> None:
