@@ -2,7 +2,7 @@
 
     uv run python -m benchmarks.journal            # full size (about 4 minutes on 2 cores)
     uv run python -m benchmarks.journal --quick    # seconds, tiny sizes (the smoke test)
-    uv run python -m benchmarks.journal --renewals # renewal records' A/B (about 2 minutes)
+    uv run python -m benchmarks.journal --renewals # what a renewal's record costs (about 1 minute)
 
 Starts six servers as child processes: ``dflockd`` (one event loop, uvloop where installed)
 with its journal off (``--state-dir none``), and with a state directory (fresh, in the
@@ -21,10 +21,7 @@ results show that every durable server really wrote.
 ``--renewals`` measures something else, written to ``journal_renewals.json``: what recording
 every renewal costs (issue 47). Each connection holds 200 locks and renews them in turn, in
 round trips (``n``: so that each renewal moves its lease's end), at 1 and 10 connections,
-against ``dflockd`` with its journal off, and at ``everysec`` and ``always`` both ways in the
-same run: *A*, the journal before issue 47 (a grant's record covers one lease more, so a
-renewal writes nothing until its new end passes that: that server's process builds its
-``Journal`` with ``record_renewals=False``, the only use of it), and *B*, today's (every renewal
+against ``dflockd`` with its journal off, and at ``everysec`` and ``always`` (every renewal
 writes a record, group-committed like the grants', and not fsynced even with ``always``).
 """
 
@@ -283,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--renewals",
         action="store_true",
-        help="measure what recording every renewal costs (A/B, journal_renewals.json)",
+        help="measure what recording every renewal costs (journal_renewals.json)",
     )
     args = parser.parse_args(argv)
     if args.renewals:
@@ -583,28 +580,17 @@ def report(
 
 # ------------------------------------------------------------------------------ renewals
 RENEWALS_NAME = "journal_renewals"
+RENEWALS_OFF = "journal off"
 RENEWAL_LEASE_S = 30
 RENEWAL_KEYS = 200
 """Locks each connection holds and renews in turn."""
 RENEWAL_CONNS = (1, 10)
 RENEWAL_TARGETS = (
-    ("journal off", None, True),
-    ("everysec A (cover)", "everysec", False),
-    ("everysec B (every renewal)", "everysec", True),
-    ("always A (cover)", "always", False),
-    ("always B (every renewal)", "always", True),
+    (RENEWALS_OFF, None),
+    ("journal everysec", "everysec"),
+    ("journal always", "always"),
 )
-"""Name, ``--journal-fsync`` (None: journal off), whether every renewal is recorded."""
-_COVER_BOOT = (
-    "import functools\n"
-    "import sys\n"
-    "import dflockd_server.net as net\n"
-    "net.Journal = functools.partial(net.Journal, record_renewals=False)\n"
-    "from dflockd_server.cli import main\n"
-    "sys.exit(main())\n"
-)
-"""``dflockd``'s entry point with the journal of before issue 47 (A): the server (``net``, not
-compiled) builds its ``Journal`` with ``record_renewals=False``."""
+"""Name, ``--journal-fsync`` (None: journal off)."""
 
 
 def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i: int) -> None:
@@ -666,7 +652,7 @@ def renewals_main(args: Any, argv: list[str]) -> int:
     conns_levels = [1, 2] if quick else list(RENEWAL_CONNS)
     duration = args.duration or (0.25 if quick else 2.0)
     rounds = args.rounds or (1 if quick else 5)
-    names = [name for name, _, _ in RENEWAL_TARGETS]
+    names = [name for name, _ in RENEWAL_TARGETS]
     run = BenchRun(
         RENEWALS_NAME,
         args,
@@ -684,10 +670,7 @@ def renewals_main(args: Any, argv: list[str]) -> int:
     journal_stats: dict[str, dict[str, Any]] = {}
     with workdir("dflock-bench-renewals-") as tmp, owned_servers() as servers:
         by_name: dict[str, ServerProcess] = {}
-        for name, fsync, every in RENEWAL_TARGETS:
-            # A: dflockd's entry point in a process of its own with the old cover (on the
-            # same loop: the entry point picks uvloop where it is installed, as the script)
-            command = None if every else [sys.executable, "-c", _COVER_BOOT]
+        for name, fsync in RENEWAL_TARGETS:
             server = start_dflockd(
                 args.loop,
                 tmp,
@@ -695,7 +678,6 @@ def renewals_main(args: Any, argv: list[str]) -> int:
                 str(MAX_LOCKS),
                 "--max-locks-per-connection",
                 "0",
-                command=command,
                 journal=fsync is not None,
                 journal_fsync=fsync,
             )
@@ -712,7 +694,7 @@ def renewals_main(args: Any, argv: list[str]) -> int:
                     per.setdefault((name, conns), []).append((done, cpu))
                     line.append(f"{name} {done / duration:,.0f}/s {cpu / 1e3 / max(done, 1):.1f}us")
                 print(f"round {round_no + 1}, {conns} conn(s): " + "; ".join(line), flush=True)
-        for name, fsync, _ in RENEWAL_TARGETS:
+        for name, fsync in RENEWAL_TARGETS:
             if fsync is not None:
                 journal_stats[name] = dflockd_stats(by_name[name])["journal"]
 
@@ -730,9 +712,8 @@ def renewals_main(args: Any, argv: list[str]) -> int:
         ["server", *(f"{c} conn(s) CPU/renewal" for c in conns_levels)]
         + [f"{c} conn(s) renewals/s" for c in conns_levels],
         notes=[
-            "A: the journal before issue 47 (a renewal writes a record about once a lease); "
-            "B: every renewal writes one, in the same group write as the grants; both in this "
-            "run, the servers taken in turn (the order rotates)",
+            "with the journal, every renewal writes a record, in the same group write as the "
+            "grants; the servers taken in turn (the order rotates)",
         ],
     )
     for name in names:
@@ -743,14 +724,14 @@ def renewals_main(args: Any, argv: list[str]) -> int:
         )
     run.add(table)
     ratios_table = Table(
-        "B / A: what recording every renewal costs",
-        ["fsync", *(f"{c} conn(s) CPU/renewal" for c in conns_levels)]
+        "Journal / journal off: what recording every renewal costs",
+        ["server", *(f"{c} conn(s) CPU/renewal" for c in conns_levels)]
         + [f"{c} conn(s) renewals/s" for c in conns_levels],
     )
-    for fsync in ("everysec", "always"):
-        a, b = f"{fsync} A (cover)", f"{fsync} B (every renewal)"
+    for b in names[1:]:
+        a = RENEWALS_OFF
         ratios_table.rows.append(
-            [fsync]
+            [b]
             + [fmt_ratio(ratio(cpu_us[(b, c)], cpu_us[(a, c)])) for c in conns_levels]
             + [fmt_ratio(ratio(rate[(b, c)], rate[(a, c)])) for c in conns_levels]
         )

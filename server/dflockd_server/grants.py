@@ -432,7 +432,7 @@ class Grants:
         moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=since)
         moved.note = holder.note
         if (journal := self.journal) is not None:
-            moved.covered = journal.move(
+            journal.move(
                 holder.token,
                 detached=client is self.detached,
                 on_close=on_close,
@@ -440,6 +440,7 @@ class Grants:
                 expires_at=expires_at,
                 note=moved.note,
             )
+            moved.covered = expires_at
         if state is None:
             self.keys[holder.key] = moved
         elif state.limit == 1:

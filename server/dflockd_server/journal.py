@@ -23,8 +23,7 @@ a read's speed, never its outcome.
 
 ``until`` is a wall-clock time in ms on the file's clock (the anchor's wall time plus the
 monotonic time elapsed since: a wall-clock step does not move it): the lease's end as its holder
-was last told, rounded up. Every renewal writes an ``X`` record before its reply leaves
-(``record_renewals=False``, for benchmarks/journal.py's A/B only, records one lease ahead).
+was last told, rounded up. Every renewal writes an ``X`` record before its reply leaves.
 
 A restart on the same boot that restored every lease to its recorded end appends its own ``H``
 record and goes on appending (``resume``); ``replay`` reads it back, the times after each later
@@ -54,7 +53,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dflockd_server.fence import fsync_dir as _fsync_dir
-from dflockd_server.keys import AS_RECORDED
 from dflockd_server.pagecache import mount_id
 from dflockd_server.recorded import RecordedGrant
 from dflockd_server.replay import (
@@ -155,8 +153,7 @@ class Journal:
                  "_fd_lock", "_fsync_dir", "_fsync_file", "_lifetime", "_must_sync",
                  "_said_read_only", "_size", "_sync_error", "_sync_on_loop", "_sync_wanted",
                  "_synced", "_syncer", "_write", "_written", "buf", "failure", "fsync",
-                 "mark_removed", "path", "record_renewals", "refused", "stats",
-                 "writable")  # fmt: skip
+                 "mark_removed", "path", "refused", "stats", "writable")  # fmt: skip
 
     def __init__(
         self,
@@ -164,7 +161,6 @@ class Journal:
         fsync: str,
         clock: Callable[[], float],
         *,
-        record_renewals: bool = True,
         fsync_file: Callable[[int], None] | None = None,
         fsync_dir: Callable[[str], None] | None = None,
         write: Callable[[int, bytes | memoryview], int] | None = None,
@@ -172,7 +168,6 @@ class Journal:
     ) -> None:
         self.path = path
         self.fsync = fsync
-        self.record_renewals = record_renewals
         self._clock = clock
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
@@ -211,10 +206,9 @@ class Journal:
         """Written since the last fsync that succeeded."""
         return self._written != self._synced
 
-    def _until(self, expires_at: float, lease_ttl: int) -> int:
+    def _until(self, expires_at: float) -> int:
         """The wall ms recorded for a lease ending at ``expires_at``."""
-        ahead = 0 if self.record_renewals else lease_ttl
-        return self._anchor_wall_ms + int((expires_at + ahead - self._anchor_clock) * 1000) + 1
+        return self._anchor_wall_ms + int((expires_at - self._anchor_clock) * 1000) + 1
 
     @staticmethod
     def _mode(detached: bool, on_close: int | None) -> str:
@@ -230,8 +224,7 @@ class Journal:
         ``state``: its key's, ``None`` for a lock that keeps none."""
         lease = holder.lease_ttl
         expires_at = holder.expires_at
-        ahead = 0 if self.record_renewals else lease  # self._until, inlined
-        until = self._anchor_wall_ms + int((expires_at + ahead - self._anchor_clock) * 1000) + 1
+        until = self._anchor_wall_ms + int((expires_at - self._anchor_clock) * 1000) + 1  # _until
         note = holder.note
         # A lock's limit and kind as one constant str (compiled, each formatted piece costs).
         if state is None or (state.limit == 1 and not state.is_sem):
@@ -241,16 +234,14 @@ class Journal:
         mode = self._mode(detached, on_close)
         tail = "" if note is None else " " + note
         self._must_sync = True
-        holder.covered = expires_at if self.record_renewals else AS_RECORDED
+        holder.covered = expires_at
         return _framed(
             f"G {holder.token} {holder.key}{limit_kind}{lease} {until} {mode}{tail}".encode()
         )
 
-    def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
-        """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
-        until = self._until(expires_at, lease_ttl)
-        self.buf.append(_framed(f"X {token} {lease_ttl} {until}".encode()))
-        return expires_at if self.record_renewals else expires_at + lease_ttl
+    def extend(self, token: str, lease_ttl: int, expires_at: float) -> None:
+        """Record that a lease now runs to ``expires_at``."""
+        self.buf.append(_framed(f"X {token} {lease_ttl} {self._until(expires_at)}".encode()))
 
     def move(
         self,
@@ -261,16 +252,14 @@ class Journal:
         lease_ttl: int,
         expires_at: float,
         note: str | None,
-    ) -> float:
-        """Record a rebinding (``ht``, ``hd``, a detach at a close); returns the expiry covered."""
-        longest = max(lease_ttl, on_close or 0)
-        until = self._until(expires_at, longest)
+    ) -> None:
+        """Record a rebinding (``ht``, ``hd``, a detach at a close)."""
+        until = self._until(expires_at)
         payload = f"M {token} {self._mode(detached, on_close)} {lease_ttl} {until}"
         if note is not None:
             payload += " " + note
         self.buf.append(_framed(payload.encode()))
         self._must_sync = True
-        return expires_at if self.record_renewals else expires_at + longest
 
     def note(self, token: str, note: str | None) -> None:
         self.buf.append(_framed((f"N {token}" if note is None else f"N {token} {note}").encode()))

@@ -41,9 +41,6 @@ class Bound(TableError):
         self.note = note
 
 
-AS_RECORDED = -1.0
-"""``Holder.covered`` of a grant whose record is its last: it covers ``expires_at + lease_ttl``."""
-
 AT_LEASE_START = float("-inf")
 """``Holder.since`` of a grant whose lease has not moved: made at ``expires_at - lease_ttl``."""
 CLIENT_COMPACT_MIN = 8

@@ -34,7 +34,6 @@ from dflockd_server.fence import fence_of
 from dflockd_server.grants import Grants
 from dflockd_server.journal import Journal, RecordedGrant
 from dflockd_server.keys import (
-    AS_RECORDED,
     AlreadyEnqueued,
     Bound,
     Client,
@@ -514,14 +513,10 @@ class LockTable:
         is written when the new end passes what the records cover, or the lease grows (``ahead``:
         covering a lease past the end, one record a lease per grant, not per keep-alive)."""
         journal = self.grants.journal
-        if journal is not None:
-            covered = holder.covered
-            if covered == AS_RECORDED:  # the grant's record is its last: what it covers
-                covered = holder.expires_at + holder.lease_ttl
-            if expires_at > covered or lease_ttl > holder.lease_ttl:
-                end = expires_at + lease_ttl if ahead else expires_at
-                covered = journal.extend(holder.token, lease_ttl, end)
-            holder.covered = covered  # before expires_at and lease_ttl change
+        if journal is not None and (expires_at > holder.covered or lease_ttl > holder.lease_ttl):
+            end = expires_at + lease_ttl if ahead else expires_at
+            journal.extend(holder.token, lease_ttl, end)
+            holder.covered = end
         holder.pin_since()
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl

@@ -548,8 +548,8 @@ def test_server_benchmark_names_a_bad_dflockd_go(tmp_path: Path) -> None:
 
 
 def test_journal_renewals_benchmark_quick(tmp_path: Path) -> None:
-    """``benchmarks.journal --renewals --quick`` (issue 47's A/B): every server measured, and
-    the journal that records every renewal (B) wrote far more than the one of before (A)."""
+    """``benchmarks.journal --renewals --quick`` (issue 47): every server measured, and the
+    journal recorded every renewal: at 1 connection (one renewal a turn), a write each."""
     command = [sys.executable, "-m", "benchmarks.journal", "--renewals", "--quick"]
     proc = subprocess.run(
         [*command, "--results-dir", str(tmp_path)],
@@ -560,12 +560,14 @@ def test_journal_renewals_benchmark_quick(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    data = json.loads((tmp_path / "journal_renewals.json").read_text())["data"]
+    result = json.loads((tmp_path / "journal_renewals.json").read_text())
+    data = result["data"]
     cells = data["cpu_us_per_renewal"]
-    for name in ("journal off", "everysec A (cover)", "everysec B (every renewal)"):
+    for name in ("journal off", "journal everysec", "journal always"):
         assert any(cell.startswith(name) for cell in cells), cells
-    stats = data["journal_stats"]
-    assert stats["everysec B (every renewal)"]["writes"] > stats["everysec A (cover)"]["writes"]
+    renewed = data["renewals_per_s"]["journal everysec 1"] * result["params"]["duration_s"]
+    assert renewed > 0
+    assert data["journal_stats"]["journal everysec"]["writes"] >= renewed - 1
 
 
 def test_on_cpu_runs_a_command_on_that_one_cpu() -> None:

@@ -670,33 +670,6 @@ def test_every_renewal_writes_one_record_before_its_reply(tmp_path: Path) -> Non
         assert read_journal(str(tmp_path / "journal")).records == before + 5
 
 
-def test_without_renewal_records_a_renewal_past_the_cover_writes_one(tmp_path: Path) -> None:
-    """``record_renewals=False`` (benchmarks/journal.py's A): a grant's record covers its
-    expiry plus one lease; a renewal within that writes nothing, one past it an extension."""
-    now = [100.0]
-    journal = Journal(str(tmp_path / "journal"), "everysec", lambda: now[0], record_renewals=False)
-    journal.anchor()
-    journal.open([])
-    tokens = iter(f"{n:032x}" for n in range(1, 100))
-    table = LockTable(
-        clock=lambda: now[0], new_token=lambda: next(tokens), max_locks=10, journal=journal
-    )
-    holder = table.acquire(table.open_client(), "k", 10, None, queue=False)
-    assert isinstance(holder, Holder)
-    journal.buf.clear()
-    now[0] = 105.0  # expires at 115: within 100 + 10 + 10
-    assert table.renew("k", holder.token, 10) == 10
-    assert journal.buf == []
-    now[0] = 111.0  # expires at 121: past 120
-    assert table.renew("k", holder.token, 10) == 10
-    assert [record.split(b" ")[1] for record in journal.buf] == [b"X"]
-    journal.buf.clear()
-    now[0] = 120.0  # expires at 130: within 121 + 10
-    assert table.renew("k", holder.token, 10) == 10
-    assert journal.buf == []
-    journal.close()
-
-
 def test_a_write_bigger_than_a_batch_is_cut_into_batches_and_a_rewrite_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
