@@ -84,11 +84,9 @@ class CountingTransport(EtcdTransport):
 
     requests = 0
 
-    def call(
-        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
-    ) -> dict[str, Any]:
+    def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
         self.requests += 1
-        return super().call(path, body, what, resend=resend)
+        return super().call(path, body, what)
 
 
 def test_a_view_stale_by_thousands_of_shards_costs_a_few_requests_not_one_per_shard(

@@ -401,16 +401,17 @@ def _member_id(status: dict[str, Any]) -> str:
 
 
 def put(client: EtcdClient, key: str, value: str, *, lease: int = 0) -> int:
-    """Set ``key``; returns the new revision."""
+    """Set ``key`` as an operator would (a plain put, sent again, as every call, after an
+    attempt that got no answer); returns the new revision."""
     body = Put(key, value, lease).to_json()["request_put"]
-    reply = client.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
+    reply = client.transport.call("/v3/kv/put", body, f"put of {key!r}")
     return int(reply.get("header", {}).get("revision", 0))
 
 
 def delete(client: EtcdClient, key: str, *, prefix: bool = False) -> int:
     """Delete the key (or every key under the prefix); how many were deleted."""
     reply = client.transport.call(
-        "/v3/kv/deleterange", key_range(key, prefix), f"delete of {key!r}", resend=False
+        "/v3/kv/deleterange", key_range(key, prefix), f"delete of {key!r}"
     )
     return int(reply.get("deleted", 0))
 

@@ -8,11 +8,11 @@ last; one that cannot be reached, does not answer within ``attempt_timeout`` or 
 waits twice as long and starts one endpoint further on (a paused etcd leader is not the first
 waited for again).
 
-A request that failed before it was sent goes to the next endpoint whatever it is. One sent
-without an answer may still be applied, even later, so it is sent again only when that is safe:
-reads, lease grant, keep-alive and revoke, and transactions (all conditioned here, so a second
-application fails its comparison: such a retry may report ``succeeded=False`` for a write the
-first attempt made, and its callers read again where that matters); not a plain put or delete.
+A request sent without an answer may still be applied, even later, and is sent again too, so
+every request the client makes is safe to apply twice: reads, lease grant, keep-alive and
+revoke, and transactions (all conditioned here, so a second application fails its comparison:
+such a retry may report ``succeeded=False`` for a write the first attempt made, and its callers
+read again where that matters); never a plain put or delete.
 
 Authentication: a token from ``/v3/auth/authenticate`` per endpoint (etcd's "simple" tokens are
 known only to their issuer), sent again with a new token when etcd says it is invalid or
@@ -274,11 +274,8 @@ class EtcdTransport:
             self.endpoints[index],
         )
 
-    def call(
-        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
-    ) -> dict[str, Any]:
-        """One request and its JSON reply (``resend``: it may be sent again after an attempt
-        that got no answer)."""
+    def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """One request and its JSON reply (sent again after an attempt that got no answer)."""
         failures: dict[int, str] = {}
         for index, round_, remaining in self.attempts(self.timeout):
             try:
@@ -287,11 +284,6 @@ class EtcdTransport:
                 reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
             except (NotSent, NoAnswer) as exc:
                 failures[index] = str(exc)
-                if not resend and isinstance(exc, NoAnswer):  # (one not sent goes anywhere)
-                    raise EtcdError(
-                        f"etcd at {self.url}: {what}: no answer ({exc}); whether it was applied "
-                        "is unknown"
-                    ) from exc
             else:
                 self.switched(index, failures)
                 data = as_dict(reply)
