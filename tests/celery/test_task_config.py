@@ -157,6 +157,13 @@ def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_def
     assert (called.timeout, called.ttl) == (1, 5)
     other = resolve_options(config, "other", attrs)
     assert other.timeout == 2
+    # beat's non-overlap (a message of a beat entry) ranks below the attribute, above app.conf
+    beat = call_options(lock_key="beat-entry:e", on_locked="raise", lock_ttl=30)
+    from_beat = resolve_options(config, "other", attrs, None, beat)
+    assert (from_beat.key, from_beat.on_locked, from_beat.ttl) == ("beat-entry:e", "raise", 20)
+    # None is not set (docs/locked-tasks.md): it does not undo an app-wide setting
+    unset = resolve_options(config, "other", attributes(lock_ttl=None), call_options(lock_ttl=None))
+    assert unset.ttl == 10
 
 
 def test_lock_ttl_is_checked_once_where_it_enters_and_the_client_takes_it_as_it_is() -> None:
