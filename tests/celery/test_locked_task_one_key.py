@@ -18,6 +18,7 @@ from celery_dflock import LockNotAcquired
 from celery_dflock.beat import _nonoverlap_options  # pyright: ignore[reportPrivateUsage]
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
 from tests.support.workers import EventLog, WorkerFactory, with_server
 
 RESULT_TIMEOUT_S = 60.0
@@ -138,3 +139,45 @@ def test_a_beat_sent_run_of_a_task_with_its_own_key_takes_that_key(
     assert runs[0]["key"] == runs[1]["key"] == f"shared:{group}"
     assert runs[1]["start"] >= runs[0]["end"], runs
     assert runs[1]["lock_retries"] >= 1
+
+
+@pytest.mark.redis
+def test_a_beat_sent_run_sent_again_for_its_busy_key_keeps_the_entry_s_key(
+    redis_settings: dict[str, Any],
+    lock_server: ServerThread,
+    make_workers: Callable[[dict[str, Any]], WorkerFactory],
+    client_app: Callable[[dict[str, Any]], Celery],
+    event_log: EventLog,
+    tmp_path: Path,
+) -> None:
+    """A task with no key of its own, ``on_locked="retry"``: two runs of one beat entry (other
+    arguments, so other keys of their own) exclude each other by the entry's key, also after
+    the second is sent again for its busy key (the message sent again names the entry too)."""
+    settings = with_server(redis_settings, lock_server)
+    worker = make_workers(settings).start(pool="prefork", concurrency=2)
+    app = client_app(settings)
+    group = uuid.uuid4().hex[:8]
+    entry = f"every-minute-{group}"
+    release = tmp_path / "release-first"
+    beat_options = _nonoverlap_options(entry, {"lock_timeout": 0})
+    task = "apps.tasks.keyless_retry"
+    first = app.send_task(task, (0, group, str(release)), **beat_options)
+    event_log.wait_event("started", task_id=first.id, timeout=RESULT_TIMEOUT_S)
+    second = app.send_task(task, (1, group, None), **beat_options)
+    busy = f"lock 'beat-entry:{entry}' is held by task {first.id}"
+    assert worker.wait_output(busy, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
+    # Refused twice: the message sent again named the entry (refused again, not run).
+    refused = f"dflock: task {task}[{second.id}] retries in"
+    wait_until(
+        lambda: worker.output().count(refused) >= 2,
+        what="the second run refused twice",
+        timeout=REFUSED_TIMEOUT_S,
+    )
+    assert not event_log.events("started", task_id=second.id)
+    release.touch()
+    assert first.get(timeout=RESULT_TIMEOUT_S) == 0
+    assert second.get(timeout=RESULT_TIMEOUT_S) == 1
+    runs = {r["n"]: r for r in event_log.entries("run") if r["task_id"] in (first.id, second.id)}
+    assert runs[0]["key"] == runs[1]["key"] == f"beat-entry:{entry}"
+    assert runs[1]["start"] >= runs[0]["end"], runs
+    assert runs[1]["lock_retries"] >= 2

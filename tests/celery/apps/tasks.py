@@ -122,6 +122,20 @@ def shared_key_raise(self: LockedTask, n: int, group: str, release_file: str | N
     return _shared_key_body(self, n, release_file)
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    on_locked="retry",
+    max_retries=None,
+    lock_retry_countdown=0.1,
+    lock_retry_backoff_max=0.4,
+)
+def keyless_retry(self: LockedTask, n: int, group: str, release_file: str | None) -> int:
+    """No lock_key of its own: the task name and a digest of its arguments, or beat's
+    non-overlap key for the runs beat sends."""
+    return _shared_key_body(self, n, release_file)
+
+
 # ----------------------------------------------------------------------- renewal
 
 
