@@ -39,8 +39,9 @@ FOLLOW_HEADER: Final = "dflock_follow"
 """Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
 "error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
-"""Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``): its
-run takes `nonoverlap_options` where the task sets none of its own."""
+"""Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``); the
+entry is named under this name in its `LOCK_OPTIONS_HEADER` too, where the run reads it
+(`read_message_options`): a run without that header reads nothing more."""
 NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 
 MAX_BACKOFF_EXPONENT: Final = 32  # the most doublings of a backoff
@@ -56,18 +57,19 @@ def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> flo
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # a run's (args, kwargs)
 
 
-def nonoverlap_options(entry: object) -> GivenOptions | None:
-    """The lock options of a message beat sent for entry ``entry`` (its `BEAT_ENTRY_HEADER`;
-    None or empty: none): the entry's own key, skipped while taken. They rank below the task's
-    own (``dflock_task_locks``, its attributes) and above the app's settings: a task with a
-    ``lock_key`` keeps it, so its beat runs still exclude its other runs on that key."""
-    if not entry:
-        return None
+def read_message_options(raw: object, what: str) -> tuple[GivenOptions, GivenOptions | None]:
+    """A message's `LOCK_OPTIONS_HEADER`, checked: its call options, and the options of beat's
+    non-overlap when beat sent it for an entry (named there under `BEAT_ENTRY_HEADER`): the
+    entry's own key, skipped while taken. Those rank below the task's own (``dflock_task_locks``,
+    its attributes) and above the app's settings: a task with a ``lock_key`` keeps it, so its
+    beat runs still exclude its other runs on that key."""
+    given = mapping_of(raw)
+    if given is None or not (entry := given.get(BEAT_ENTRY_HEADER)):
+        return read_call_options(raw, what), None
+    options = {name: value for name, value in given.items() if name != BEAT_ENTRY_HEADER}
     escaped = str(entry).replace("{", "{{").replace("}", "}}")  # a literal template
-    return read_call_options(
-        {"lock_key": NONOVERLAP_KEY_PREFIX + escaped, "on_locked": "skip"},
-        f"the {BEAT_ENTRY_HEADER!r} header",
-    )
+    beat = {"lock_key": NONOVERLAP_KEY_PREFIX + escaped, "on_locked": "skip"}
+    return read_call_options(options, what), read_call_options(beat, f"beat entry {entry!r}")
 
 
 def mapping_of(value: object) -> Mapping[str, Any] | None:
@@ -100,11 +102,11 @@ class Message:
     def read(cls, task: Any, request: Any, call: Call) -> Message:
         # Celery takes any id (an int too): the notes hold it as text
         task_id = None if request.id is None else str(request.id)
-        beat = nonoverlap_options(header(request, BEAT_ENTRY_HEADER))
         if not (raw := header(request, LOCK_OPTIONS_HEADER)):
-            return cls(task, request, call, None, task_id, beat)
+            return cls(task, request, call, None, task_id)
         what = f"call options of task {getattr(request, 'task', '?')!r}"
-        return cls(task, request, call, read_call_options(raw, what), task_id, beat)
+        options, beat = read_message_options(raw, what)
+        return cls(task, request, call, options, task_id, beat)
 
     @property
     def label(self) -> str:
@@ -155,7 +157,7 @@ def resend(
     request = message.request
     headers = dict(mapping_of(getattr(request, "headers", None)) or {})
     # A worker's request keeps these as attributes.
-    for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER, BEAT_ENTRY_HEADER):
+    for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
         if (value := header(request, name)) is not None:
             headers[name] = value
     headers.update(extra or {})

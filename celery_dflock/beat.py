@@ -296,20 +296,19 @@ def _wrapped_class(setting: object, beat_scheduler: object) -> type[Scheduler]:
 
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` for one send of entry ``name`` under its non-overlap lock: the entry named
-    in `BEAT_ENTRY_HEADER` (the worker takes ``nonoverlap_options`` from it, below the task's
-    own lock options), the entry's lock options in `LOCK_OPTIONS_HEADER` (per call: above)."""
+    in `BEAT_ENTRY_HEADER`, and in `LOCK_OPTIONS_HEADER` beside the entry's own lock options
+    (per call: above the task's; the entry's key and ``skip``, below: ``read_message_options``)."""
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
     headers = dict(_entry_mapping(name, "options['headers']", options.get("headers")))
     result["headers"] = headers
     if not headers.setdefault(BEAT_ENTRY_HEADER, name):
         return dict(options)  # the entry opted out
     where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
-    given = {
+    headers[LOCK_OPTIONS_HEADER] = {
         **_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)),
         **{k: v for k, v in options.items() if k in LOCK_OPTIONS},
+        BEAT_ENTRY_HEADER: headers[BEAT_ENTRY_HEADER],
     }
-    if given:
-        headers[LOCK_OPTIONS_HEADER] = given
     return result
 
 

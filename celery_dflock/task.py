@@ -35,7 +35,7 @@ from celery_dflock._request import (
     header,
     held_lock,
     mapping_of,
-    nonoverlap_options,
+    read_message_options,
 )
 from celery_dflock._run import locked_run
 from celery_dflock._runtime import AnyLock, app_client, check_attributes
@@ -153,9 +153,11 @@ class LockedTask(Task):
             link or link_error or options.get("chord") or options.get("group_id")
         )
         task_id = task_id or uuid()
-        if per_call is None and (sent_options := headers.get(LOCK_OPTIONS_HEADER)):
+        beat = None
+        if sent_options := headers.get(LOCK_OPTIONS_HEADER):
             what = f"lock options of a message of {self._name!r}"
-            per_call = read_call_options(sent_options, what)
+            sent, beat = read_message_options(sent_options, what)
+            per_call = sent if per_call is None else per_call
         taken = publish_hold(
             self,
             self._as_sent(args, kwargs, options),
@@ -165,7 +167,7 @@ class LockedTask(Task):
             eta=options.get("eta"),
             expires=options.get("expires", getattr(self, "expires", None)),  # as Celery reads it
             in_canvas=in_canvas,
-            beat=nonoverlap_options(headers.get(BEAT_ENTRY_HEADER)),
+            beat=beat,
         )
         if taken is None:
             return send()
@@ -264,8 +266,6 @@ class LockedTask(Task):
             headers[LOCK_RETRIES_HEADER] = headers[OUTAGE_HEADER] = None
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
-        if entry := header(request, BEAT_ENTRY_HEADER):
-            headers[BEAT_ENTRY_HEADER] = entry
         # A retry is no new publish: it takes no hold of its own.
         headers[HOLD_HEADER] = None if kept is None else kept.header()
         options["headers"] = headers
@@ -372,12 +372,13 @@ def _with_lock_options(
     lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
     if not lock_options:
         return merged, None
-    sent = read_call_options(
-        merged.get(LOCK_OPTIONS_HEADER) or {}, f"the {LOCK_OPTIONS_HEADER!r} header of {what}"
-    )
+    raw: object = merged.get(LOCK_OPTIONS_HEADER) or {}
+    sent, beat = read_message_options(raw, f"the {LOCK_OPTIONS_HEADER!r} header of {what}")
     given = {name: value for name, value in lock_options.items() if value is not None}
     checked = read_call_options({**sent.by_name(), **given}, what)
-    merged[LOCK_OPTIONS_HEADER] = checked.by_name()
+    header_options = merged[LOCK_OPTIONS_HEADER] = checked.by_name()
+    if beat is not None:  # sent by beat for an entry: it stays named
+        header_options[BEAT_ENTRY_HEADER] = cast("Mapping[str, Any]", raw)[BEAT_ENTRY_HEADER]
     return merged, checked
 
 

@@ -21,7 +21,7 @@ from celery import Celery, signals
 from celery.beat import PersistentScheduler, Scheduler
 
 from celery_dflock import Client, DistributedLock
-from celery_dflock._request import nonoverlap_options
+from celery_dflock._request import read_message_options
 from celery_dflock.beat import BEAT_ENTRY_HEADER, Leadership, SingletonScheduler
 from celery_dflock.config import DflockConfigError
 from celery_dflock.task import LOCK_OPTIONS_HEADER
@@ -243,9 +243,12 @@ def test_nonoverlap_marks_every_message_with_its_entry(
     assert marked
     for headers in marked:
         assert headers["tenant"] == "t1"
-        assert headers[LOCK_OPTIONS_HEADER] == {"lock_ttl": 60}  # the entry's own: per call
-        # The entry's key and "skip" the worker takes from the header, below the task's own.
-        beat = nonoverlap_options(headers[BEAT_ENTRY_HEADER])
+        # The entry's own options (per call), and the entry, named for the worker.
+        sent = headers[LOCK_OPTIONS_HEADER]
+        assert sent == {"lock_ttl": 60, BEAT_ENTRY_HEADER: "every {x}"}
+        call, beat = read_message_options(sent, "the entry's message")
+        assert call.by_name() == {"lock_ttl": 60}
+        # The entry's key and "skip": the worker ranks them below the task's own options.
         assert beat is not None
         assert beat.by_name() == {
             "lock_key": "beat-entry:every {{x}}",  # a template with no fields: the literal name
