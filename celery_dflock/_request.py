@@ -64,9 +64,11 @@ def read_message_options(raw: object, what: str) -> tuple[GivenOptions, GivenOpt
     its attributes) and above the app's settings: a task with a ``lock_key`` keeps it, so its
     beat runs still exclude its other runs on that key."""
     given = mapping_of(raw)
-    if given is None or not (entry := given.get(BEAT_ENTRY_HEADER)):
+    if given is None or BEAT_ENTRY_HEADER not in given:
         return read_call_options(raw, what), None
     options = {name: value for name, value in given.items() if name != BEAT_ENTRY_HEADER}
+    if not (entry := given[BEAT_ENTRY_HEADER]):
+        return read_call_options(options, what), None
     escaped = str(entry).replace("{", "{{").replace("}", "}}")  # a literal template
     beat = {"lock_key": NONOVERLAP_KEY_PREFIX + escaped, "on_locked": "skip"}
     return read_call_options(options, what), read_call_options(beat, f"beat entry {entry!r}")
@@ -89,7 +91,7 @@ def header(request: Any, name: str) -> object:
 @dataclass(slots=True)
 class Message:
     """One run, with its per-call lock options checked (None: none), and those of beat's
-    non-overlap (`nonoverlap_options`)."""
+    non-overlap (`read_message_options`)."""
 
     task: Any
     request: Any

@@ -379,3 +379,12 @@ def test_a_leader_whose_lock_was_gone_when_it_stopped_says_so(
         leadership.stop()
     assert "beat: released" not in caplog.text
     assert "was no longer held when this beat stopped" in caplog.text
+
+
+def test_a_message_naming_no_entry_reads_as_its_call_options_alone() -> None:
+    """An entry header present but empty (an entry that opted out, forwarded by hand) is no
+    unknown lock option: the options read as given, without beat's."""
+    call, beat = read_message_options({"lock_ttl": 60, BEAT_ENTRY_HEADER: None}, "a message")
+    assert call.by_name() == {"lock_ttl": 60} and beat is None
+    call, beat = read_message_options({"lock_ttl": 60}, "a message")
+    assert call.by_name() == {"lock_ttl": 60} and beat is None
