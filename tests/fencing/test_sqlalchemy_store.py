@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -324,3 +325,36 @@ async def test_the_async_face_checks_a_refusal_on_the_database_written_too(
         await leader.dispose()
         await lagging.dispose()
     assert (row(engine, account), row(follower, account)) == ((1, 250), (0, 100))
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+@pytest.mark.parametrize("fence", [249, 300])
+def test_under_postgresql_snapshot_isolation_an_overtaken_write_fails_as_the_database_says(
+    engine: sa.Engine, isolation: str, fence: int
+) -> None:
+    """docs/fencing.md ("Isolation levels"): under PostgreSQL's repeatable read or serializable,
+    a write to a row another transaction wrote after this one's snapshot is refused by the
+    database itself, with its serialization failure (SQLSTATE 40001), whatever the fences:
+    nothing is written, and the transaction, run again, gets `StaleFence` for a lower fence and
+    writes with a higher one."""
+    with engine.begin() as db:
+        db.execute(sa.insert(ACCOUNTS).values(id=7, balance=0))
+    snapshot = engine.execution_options(isolation_level=isolation)
+    values = {"balance": ACCOUNTS.c.balance + 1}
+    with snapshot.connect() as paused:
+        with pytest.raises(OperationalError) as refused, paused.begin():
+            paused.execute(sa.select(ACCOUNTS.c.balance).where(ACCOUNTS.c.id == 7)).one()
+            assert credit(engine, 7, 250, amount=100) == 1  # another holder, committed
+            fenced_update(paused, ACCOUNTS, ACCOUNTS.c.id == 7, fence=fence, values=values)
+        assert getattr(refused.value.orig, "sqlstate", None) == "40001", refused.value
+        assert row(engine, 7) == (100, 250)
+        with paused.begin():  # run again
+            if fence < 250:
+                with pytest.raises(StaleFence, match=rf"fence {fence} is lower than 250"):
+                    fenced_update(paused, ACCOUNTS, ACCOUNTS.c.id == 7, fence=fence, values=values)
+            else:
+                assert (
+                    fenced_update(paused, ACCOUNTS, ACCOUNTS.c.id == 7, fence=fence, values=values)
+                    == 1
+                )
+    assert row(engine, 7) == ((100, 250) if fence < 250 else (101, fence))
