@@ -207,6 +207,22 @@ def test_a_held_lock_used_from_another_event_loop_is_refused_not_hung(
         home.close()
 
 
+def test_a_lock_taken_and_let_go_in_each_of_two_asyncio_runs_works(
+    dflock_server: ServerThread,
+) -> None:
+    """A lock object made once (at import, say) and used whole in each ``asyncio.run``: not
+    held between the runs, it belongs to no loop, and the second run takes the key again."""
+    lock = AsyncDistributedLock("a:two-runs", servers=[dflock_server.address])
+
+    async def once() -> int | None:
+        async with lock:
+            return lock.fence
+
+    first, second = asyncio.run(once()), asyncio.run(once())
+    assert first is not None and second is not None and second > first
+    assert held_keys(dflock_server.address) == set()
+
+
 def test_a_held_lock_whose_loop_has_closed_says_so(dflock_server: ServerThread) -> None:
     """Acquired in one ``asyncio.run``, released in the next: the first loop is closed, so no
     loop can release the lock, and the refusal says that rather than to use that loop."""
