@@ -170,7 +170,7 @@ def publish_hold(
     nothing, return its result: ``on_duplicate="return"``), `AlreadyQueued` raised
     (``"raise"``), or, for a canvas member (``in_canvas``), whatever the policy, a `Follow` whose
     follower is sent in its place (and fails at once where the publish would raise). ``beat``:
-    the options beat's non-overlap gives the message (`nonoverlap_options`)."""
+    the options beat's non-overlap gives the message (`read_message_options`)."""
     app: Any = task._get_app()
     config, runtime, name = get_config(app), get_runtime(app), str(task.name)
     runs = runtime.task_runs(name)
