@@ -114,7 +114,7 @@ def check_seconds(value: float) -> str | None:
 
 def check_seconds_or_0(value: float) -> str | None:
     """``check_seconds``, or 0 (none, or at once, as the setting says)."""
-    if value == 0 or c.MIN_SECONDS <= value <= c.MAX_NUMBER:
+    if value == 0 or check_seconds(value) is None:
         return None
     return f"must be 0 or {c.MIN_SECONDS:g} to {c.MAX_NUMBER} seconds"
 
