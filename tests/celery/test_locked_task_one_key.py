@@ -103,6 +103,41 @@ def test_on_locked_raise_names_the_other_lock_limit(
     assert semaphore.get(timeout=RESULT_TIMEOUT_S) == 0
 
 
+def run_behind(
+    worker: Any,
+    event_log: EventLog,
+    first: AsyncResult,
+    release: Path,
+    send_second: Callable[[], AsyncResult],
+    *,
+    task: str,
+    key: str,
+    refusals: int,
+) -> dict[int, dict[str, Any]]:
+    """Once ``first`` (``task``, run 0) started holding ``key``: send the second run (run 1),
+    which is refused ``refusals`` times and does not start; then let the first end (``release``)
+    and see the second run after it. The two runs' records, by ``n``."""
+    event_log.wait_event("started", task_id=first.id, timeout=RESULT_TIMEOUT_S)
+    second = send_second()
+    busy = f"lock '{key}' is held by task {first.id}"
+    assert worker.wait_output(busy, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
+    refused = f"dflock: task {task}[{second.id}] retries in"
+    wait_until(
+        lambda: worker.output().count(refused) >= refusals,
+        what=f"the second run refused {refusals} time(s)",
+        timeout=REFUSED_TIMEOUT_S,
+    )
+    assert not event_log.events("started", task_id=second.id)
+    release.touch()
+    assert first.get(timeout=RESULT_TIMEOUT_S) == 0
+    assert second.get(timeout=RESULT_TIMEOUT_S) == 1
+    runs = {r["n"]: r for r in event_log.entries("run") if r["task_id"] in (first.id, second.id)}
+    assert runs[0]["key"] == runs[1]["key"] == key
+    assert runs[1]["start"] >= runs[0]["end"], runs
+    assert runs[1]["lock_retries"] >= refusals
+    return runs
+
+
 @pytest.mark.redis
 def test_a_beat_sent_run_of_a_task_with_its_own_key_takes_that_key(
     redis_settings: dict[str, Any],
@@ -121,24 +156,22 @@ def test_a_beat_sent_run_of_a_task_with_its_own_key_takes_that_key(
     app = client_app(settings)
     group = uuid.uuid4().hex[:8]
     release = tmp_path / "release-first"
+    task = "apps.tasks.shared_key_retry"
     first = send(app, "shared_key_retry", 0, group, release, None)
-    event_log.wait_event("started", task_id=first.id, timeout=RESULT_TIMEOUT_S)
     # As SingletonScheduler sends a run of entry "nightly" with dflock_beat_nonoverlap on; the
-    # entry gives a lock option of its own (kept): no wait in the key's queue.
+    # entry gives a lock option of its own (kept): no wait in the key's queue. Its key is busy:
+    # the task's own on_locked ("retry") counts, not the entry's "skip".
     beat_options = _nonoverlap_options("nightly", {"lock_timeout": 0})
-    args = (1, group, None)
-    second = app.send_task("apps.tasks.shared_key_retry", args, **beat_options)
-    # Its key is busy: the task's own on_locked ("retry") counts, not the entry's "skip".
-    busy = f"lock 'shared:{group}' is held by task {first.id}"
-    assert worker.wait_output(busy, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
-    assert not event_log.events("started", task_id=second.id)
-    release.touch()
-    assert first.get(timeout=RESULT_TIMEOUT_S) == 0
-    assert second.get(timeout=RESULT_TIMEOUT_S) == 1
-    runs = {r["n"]: r for r in event_log.entries("run") if r["task_id"] in (first.id, second.id)}
-    assert runs[0]["key"] == runs[1]["key"] == f"shared:{group}"
-    assert runs[1]["start"] >= runs[0]["end"], runs
-    assert runs[1]["lock_retries"] >= 1
+    run_behind(
+        worker,
+        event_log,
+        first,
+        release,
+        lambda: app.send_task(task, (1, group, None), **beat_options),
+        task=task,
+        key=f"shared:{group}",
+        refusals=1,
+    )
 
 
 @pytest.mark.redis
@@ -152,7 +185,8 @@ def test_a_beat_sent_run_sent_again_for_its_busy_key_keeps_the_entry_s_key(
 ) -> None:
     """A task with no key of its own, ``on_locked="retry"``: two runs of one beat entry (other
     arguments, so other keys of their own) exclude each other by the entry's key, also after
-    the second is sent again for its busy key (the message sent again names the entry too)."""
+    the second is sent again for its busy key (refused twice: the message sent again names the
+    entry too)."""
     settings = with_server(redis_settings, lock_server)
     worker = make_workers(settings).start(pool="prefork", concurrency=2)
     app = client_app(settings)
@@ -162,22 +196,13 @@ def test_a_beat_sent_run_sent_again_for_its_busy_key_keeps_the_entry_s_key(
     beat_options = _nonoverlap_options(entry, {"lock_timeout": 0})
     task = "apps.tasks.keyless_retry"
     first = app.send_task(task, (0, group, str(release)), **beat_options)
-    event_log.wait_event("started", task_id=first.id, timeout=RESULT_TIMEOUT_S)
-    second = app.send_task(task, (1, group, None), **beat_options)
-    busy = f"lock 'beat-entry:{entry}' is held by task {first.id}"
-    assert worker.wait_output(busy, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
-    # Refused twice: the message sent again named the entry (refused again, not run).
-    refused = f"dflock: task {task}[{second.id}] retries in"
-    wait_until(
-        lambda: worker.output().count(refused) >= 2,
-        what="the second run refused twice",
-        timeout=REFUSED_TIMEOUT_S,
+    run_behind(
+        worker,
+        event_log,
+        first,
+        release,
+        lambda: app.send_task(task, (1, group, None), **beat_options),
+        task=task,
+        key=f"beat-entry:{entry}",
+        refusals=2,
     )
-    assert not event_log.events("started", task_id=second.id)
-    release.touch()
-    assert first.get(timeout=RESULT_TIMEOUT_S) == 0
-    assert second.get(timeout=RESULT_TIMEOUT_S) == 1
-    runs = {r["n"]: r for r in event_log.entries("run") if r["task_id"] in (first.id, second.id)}
-    assert runs[0]["key"] == runs[1]["key"] == f"beat-entry:{entry}"
-    assert runs[1]["start"] >= runs[0]["end"], runs
-    assert runs[1]["lock_retries"] >= 2
