@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import operator
 import os
 import select
 import shutil
@@ -114,9 +115,16 @@ class TaskRuns:
 _CHECKED_ATTR: Final = "_dflock_checked_attributes"
 
 
+_LOCK_ATTRIBUTES: Final = operator.attrgetter(*LOCK_OPTIONS)
+
+
 def _attributes(task: object) -> tuple[object, ...]:
-    """The lock attributes of a task or task class, in `LOCK_OPTIONS`' order."""
-    return tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
+    """The lock attributes of a task or task class, in `LOCK_OPTIONS`' order (a LockedTask has
+    them all: one C call; another task, those it has)."""
+    try:
+        return cast("tuple[object, ...]", _LOCK_ATTRIBUTES(task))
+    except AttributeError:
+        return tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
 
 
 def _read(attributes: tuple[object, ...], name: str) -> GivenOptions:
