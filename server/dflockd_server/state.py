@@ -213,12 +213,13 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     if config.restart_grace_s is not None:
         grace = GraceDecision(config.restart_grace_s, "set by restart_grace_s")
     elif why:
-        longest = None
-        with contextlib.suppress(FenceStateError):
+        source, unknown = "the longest lease it recorded", "no longest lease recorded"
+        try:
             longest = read_longest_lease(recorded)
-        source = "the longest lease it recorded"
+        except FenceStateError as exc:
+            longest, unknown = None, str(exc)
         if longest is None:
-            longest, source = config.max_lease_ttl_s, "max_lease_ttl_s (no longest lease recorded)"
+            longest, source = config.max_lease_ttl_s, f"max_lease_ttl_s ({unknown})"
         grace = GraceDecision(float(longest), f"{why}: waiting {source}")
     elif restore is not None:
         grace = GraceDecision(

@@ -636,6 +636,24 @@ def test_a_state_dir_with_a_fence_but_no_journal_waits_for_the_longest_lease(
             assert b.req("l", "free", "0") == "timeout"
 
 
+def test_an_unreadable_longest_lease_record_is_named_as_the_reason_to_wait_the_maximum(
+    tmp_path: Path,
+) -> None:
+    """No journal and a damaged grace record: the start waits max_lease_ttl_s and says the
+    record could not be read (not that none was recorded)."""
+    with ServerThread(config(tmp_path)) as server, Wire(server.address) as a:
+        a.lock("k", lease=45)
+    (tmp_path / "journal").unlink()
+    (tmp_path / "grace").write_text("{not json\n")
+    with ServerThread(config(tmp_path, max_lease_ttl_s=90)) as again:
+        stats = again.stats()
+        assert 80 < stats["grace_remaining_s"] <= 90
+        reason = stats["grace_reason"]
+        assert "holds no journal" in reason and "max_lease_ttl_s" in reason
+        assert "does not hold a longest_lease_s" in reason, reason
+        assert "no longest lease recorded" not in reason
+
+
 @pytest.mark.parametrize("left", [b"", b"H 3 b0"], ids=["emptied", "cut-in-its-header"])
 def test_a_journal_emptied_by_damage_waits_for_the_longest_lease(
     tmp_path: Path, left: bytes
