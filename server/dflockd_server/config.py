@@ -71,16 +71,6 @@ def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
     return secret
 
 
-def _is_utf8(text: str) -> bool:
-    """Whether ``text`` is characters only (not a flag's or a variable's bytes that were no
-    UTF-8, which Python keeps as lone surrogates)."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 @dataclass(frozen=True, slots=True)
 class Config:
     """Every server setting (docs/reference/server-flags.md lists them). Times are in seconds."""
@@ -217,18 +207,22 @@ class Config:
         else:
             name = f"{names('auth_token_file')} {self.auth_token_file!r}"
             secret = read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
-        if secret is not None and not _is_utf8(secret):
+        if secret is None:
+            return None
+        try:
+            size = len(secret.encode())
+        except UnicodeEncodeError:  # a flag's or a variable's bytes that were no UTF-8
             raise ConfigError(
                 f"{name}: the secret is not UTF-8 text (bytes that are no character, passed "
                 "on as they were given), which no client can send: give it in UTF-8"
-            )
-        if secret is not None and ("\n" in secret or "\r" in secret):
+            ) from None
+        if "\n" in secret or "\r" in secret:
             raise ConfigError(
                 f"{name}: the secret holds a line break, which no client can send (a file of "
                 "several lines, as openssl rand -base64 writes one): give it on one line "
                 "(openssl rand -hex 32)"
             )
-        if secret is not None and len(secret.encode()) > c.MAX_AUTH_LINE_BYTES:
+        if size > c.MAX_AUTH_LINE_BYTES:
             raise ConfigError(
                 f"{name}: the secret is longer than the {c.MAX_AUTH_LINE_BYTES} bytes a client "
                 "can send"
