@@ -323,7 +323,7 @@ class Server:
             )
         else:
             log.info("restart grace: none (%s)", grace.why)
-        self.snapshots = snapshots = RationedSnapshots(loop, self.stats_reply)
+        self.snapshots = snapshots = RationedSnapshots(loop, lambda: p.reply_json(self.stats()))
         if (given := self._given_ownership) is not None:
             self.set_ownership(given)
         elif self.node is None:
@@ -590,10 +590,6 @@ class Server:
                     conditions.clock_off(cluster.clock_offset_s, cluster.clock_peer, TICKET_LIFE_S)
                 )
         return found
-
-    def stats_reply(self) -> bytes:
-        """A ``stats`` reply: a snapshot of the table, now."""
-        return p.reply_json(self.stats())
 
     def _sweep(self) -> None:
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)
