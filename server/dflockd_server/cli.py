@@ -177,8 +177,7 @@ def _check_files(config: Config) -> None:
     """Open what the server will need, so a bad path is a start-up error naming its setting
     (the secrets' ``ConfigError`` names it)."""
     config.resolve_auth_token()
-    if config.state_dir is not None and config.state_dir.lower() != NO_STATE:
-        path = os.path.abspath(os.path.expanduser(config.state_dir))
+    if config.state_dir is not None and (path := resolve_state_dir(config)) is not None:
         while not os.path.lexists(path):  # the nearest part of it that exists: a directory?
             path = os.path.dirname(path)
         if not os.path.isdir(path):
