@@ -281,8 +281,7 @@ class Session:
         if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
-        journal = self.grants.journal
-        if journal is not None and not journal.writable:
+        if (journal := self.grants.journal) is not None and not journal.writable:
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         if lease > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
