@@ -356,7 +356,6 @@ def hand_off_hold(
 
 
 _Asked = TypeVar("_Asked")
-_PENDING_DEFAULT: Final = "lock_pending_ttl (dflock_lock_pending_ttl), by default"
 _FAR_OFF_S: Final = 1e15  # a delay past any lease a server grants (its lease is refused)
 
 
@@ -374,8 +373,7 @@ def _pending_leases(
     else:
         delay_s = _seconds_until(eta) or 0.0
     delay = max(0, math.ceil(min(delay_s, _FAR_OFF_S)))  # (inf: refused by its lease, by name)
-    pending = options.pending_ttl  # (set: a Lease naming where; the default: named here)
-    pending = pending if isinstance(pending, Lease) else Lease(pending, _PENDING_DEFAULT)
+    pending = options.pending_ttl  # a Lease naming where it was set (or its default)
     if not delay:
         leases: tuple[int, ...] = (pending,)
     else:

@@ -281,6 +281,7 @@ def _option(
     return Spec(name, f"dflock_{name}" if app_wide else None, default, check, meaning)
 
 
+_PENDING_DEFAULT: Final = "lock_pending_ttl (dflock_lock_pending_ttl), by default"
 LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
     _option("lock_key", None, check_key,
         "A format template over the task's arguments (defaults applied): "
@@ -330,7 +331,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
         "and returns the `AsyncResult` of the task holding the key; "
         '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).'),
-    _option("lock_pending_ttl", DEFAULT_MAX_LEASE_TTL_S, check_lease,
+    _option("lock_pending_ttl", Lease(DEFAULT_MAX_LEASE_TTL_S, _PENDING_DEFAULT), check_lease,
         'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted from '
         "the send, or from when a delayed message (`countdown`/`eta`) is due; a message no worker "
         "takes by then (a purged queue, a lost message) frees it. A retry keeps the key as long. "
@@ -368,7 +369,7 @@ class GivenOptions:
     retry_jitter: bool | None = None
     lock_from: LockFrom | None = None
     on_duplicate: OnDuplicate | None = None
-    pending_ttl: int | None = None
+    pending_ttl: Lease | None = None
 
     def by_name(self) -> dict[str, object]:
         """The options given, by option name (a message's ``dflock_options`` header)."""

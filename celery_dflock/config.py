@@ -166,7 +166,7 @@ class LockOptions:
     retry_jitter: bool
     lock_from: _settings.LockFrom
     on_duplicate: _settings.OnDuplicate
-    pending_ttl: int
+    pending_ttl: Lease
     timeout_given: bool
     """Whether ``lock_timeout`` was set (False: ``timeout`` is the policy's default)."""
 
