@@ -24,17 +24,6 @@ from kombu.utils.json import JSONEncoder
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.wire import MAX_LINE_BYTES
 
-__all__ = [
-    "DIGEST_SEPARATOR",
-    "KeyBuilder",
-    "KeyDerivationError",
-    "KeySource",
-    "check_template",
-    "default_key",
-    "digest",
-    "safe_key",
-]
-
 KeySource = str | Callable[..., str] | None
 """What ``lock_key`` may be: a format template, a callable, or None (the default key)."""
 

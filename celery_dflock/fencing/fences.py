@@ -9,17 +9,6 @@ from typing import Any, Final, cast
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.errors import FenceMissing, StaleFence
 
-__all__ = [
-    "FENCE_COLUMN",
-    "MAX_FENCE",
-    "key_not_unique",
-    "no_such_column",
-    "refuse_below",
-    "refuse_unwritten",
-    "require_fence",
-    "upsert_elsewhere",
-]
-
 FENCE_COLUMN: Final = "dflock_fence"
 """The default column, hash field or key suffix where a store keeps its highest fence."""
 MAX_FENCE: Final = (1 << 63) - 1
