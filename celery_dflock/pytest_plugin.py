@@ -22,19 +22,10 @@ from celery_dflock.config import reset_config
 if TYPE_CHECKING:
     from dflockd_server.testing import ServerThread
 
-__all__ = [
-    "configure_app",
-    "dflock_celery_config",
-    "dflock_configure",
-    "dflock_server",
-    "dflock_session_celery_config",
-    "dflock_session_server",
-]
-
-AppT = TypeVar("AppT")
+_AppT = TypeVar("_AppT")
 
 
-def configure_app(app: AppT, server: ServerThread) -> AppT:
+def configure_app(app: _AppT, server: ServerThread) -> _AppT:
     """Point ``app`` (a Celery app) at ``server``, its cached dflock config dropped; return it."""
     celery_app: Any = app
     celery_app.conf.dflock_servers = f"{server.host}:{server.port}"
@@ -90,6 +81,6 @@ def dflock_session_celery_config(dflock_session_server: ServerThread) -> dict[st
 
 
 @pytest.fixture
-def dflock_configure(dflock_server: ServerThread) -> Callable[[AppT], AppT]:
+def dflock_configure(dflock_server: ServerThread) -> Callable[[_AppT], _AppT]:
     """``configure(app)``: point an existing Celery app at ``dflock_server``."""
     return partial(configure_app, server=dflock_server)

@@ -24,8 +24,6 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, virtual
 from kombu.utils import json as kombu_json
 
-__all__ = ["TRANSPORT", "Channel", "Transport"]
-
 TRANSPORT = "celery_dflock.demo.fsbroker:Transport"
 """The ``broker_transport`` setting that selects this transport."""
 

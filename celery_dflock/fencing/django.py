@@ -34,8 +34,6 @@ from celery_dflock.fencing.fences import (
     upsert_elsewhere,
 )
 
-__all__ = ["check_fence_field", "fence_field", "fenced_update", "fenced_upsert"]
-
 # Django is untyped: what its database layer answers reads as partly unknown, so it is `Any`.
 _db: Any = django.db
 _Query: Any = django.db.models.sql.Query

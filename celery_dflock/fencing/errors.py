@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from celery_dflock.client.errors import DflockError, LockLost
 
-__all__ = ["FenceColumnMissing", "FenceMissing", "StaleFence"]
-
 
 class StaleFence(LockLost):
     """The store refused a write, nothing written: it has seen a higher fence for this row or

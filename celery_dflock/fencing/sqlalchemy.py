@@ -31,14 +31,6 @@ from celery_dflock.fencing._sql import (
 from celery_dflock.fencing.errors import FenceColumnMissing
 from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_unwritten, upsert_elsewhere
 
-__all__ = [
-    "add_fence_column",
-    "check_fence_column",
-    "fence_column",
-    "fenced_update",
-    "fenced_upsert",
-]
-
 _Blocking: TypeAlias = Connection | Session | scoped_session[Any]
 """What the blocking face writes on: a ``Connection``, a ``Session`` or a ``scoped_session``."""
 

@@ -19,8 +19,6 @@ from celery_dflock.fencing import sqlalchemy as blocking
 from celery_dflock.fencing._sql import wrong_face
 from celery_dflock.fencing.fences import FENCE_COLUMN
 
-__all__ = ["check_fence_column", "fenced_update", "fenced_upsert"]
-
 
 async def check_fence_column(
     connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
