@@ -136,8 +136,7 @@ class LockedTask(Task):
         nothing is sent and ``on_duplicate`` says what the caller gets."""
         what = f"apply_async options of {self._name!r}"
         check_option_names(options, what)
-        headers, per_call = _with_lock_options(options, options.pop("headers", None), what)
-        self._check_call_key(per_call)
+        headers, per_call = self._call_options(options, options.pop("headers", None), what)
         if headers:
             options["headers"] = headers
 
@@ -218,11 +217,10 @@ class LockedTask(Task):
         is refused, naming it). With ``lock_from="publish"`` and the key held, the eager run
         fails at once with `AlreadyQueued`."""
         if options:
-            check_option_names(options, f"apply options of {self._name!r}")
-        if any(name in options for name in LOCK_OPTIONS):
             what = f"apply options of {self._name!r}"
-            headers, per_call = _with_lock_options(options, headers, what)
-            self._check_call_key(per_call)
+            check_option_names(options, what)
+            if any(name in options for name in LOCK_OPTIONS):
+                headers, _ = self._call_options(options, headers, what)
         return self._base.apply(
             args,
             kwargs,
@@ -347,11 +345,27 @@ class LockedTask(Task):
     def _name(self) -> str:
         return str(self._celery.name)
 
-    def _check_call_key(self, per_call: GivenOptions | None) -> None:
-        """Refuse a per-call ``lock_key`` template naming a field the task does not take (as
-        the task's own is refused when it is bound), before anything is sent or run."""
-        if per_call is not None and isinstance(per_call.key, str):
-            check_template(per_call.key, self._celery.run, task_name=self._name)
+    def _call_options(
+        self, options: dict[str, Any], headers: object, what: str
+    ) -> tuple[dict[str, Any], GivenOptions | None]:
+        """The message's headers, with the lock options popped from ``options`` merged over
+        those of its `LOCK_OPTIONS_HEADER`, checked; and the merged options (None: none
+        popped). A ``lock_key`` template naming a field the task does not take is refused (as
+        the task's own is when it is bound), before anything is sent or run."""
+        merged = dict(cast("Mapping[str, Any]", headers or {}))
+        lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
+        if not lock_options:
+            return merged, None
+        raw: object = merged.get(LOCK_OPTIONS_HEADER) or {}
+        sent, beat = read_message_options(raw, f"the {LOCK_OPTIONS_HEADER!r} header of {what}")
+        given = {name: value for name, value in lock_options.items() if value is not None}
+        checked = read_call_options({**sent.by_name(), **given}, what)
+        if isinstance(checked.key, str):
+            check_template(checked.key, self._celery.run, task_name=self._name)
+        header_options = merged[LOCK_OPTIONS_HEADER] = checked.by_name()
+        if beat is not None:  # sent by beat for an entry: it stays named
+            header_options[BEAT_ENTRY_HEADER] = cast("Mapping[str, Any]", raw)[BEAT_ENTRY_HEADER]
+        return merged, checked
 
     def _as_sent(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> Call:
         """(args, kwargs) as the run will get them, through the message's serializer."""
@@ -361,25 +375,6 @@ class LockedTask(Task):
         content_type, encoding, body = codec.dumps(data, serializer)
         sent_args, sent_kwargs = codec.loads(body, content_type, encoding, accept=[content_type])
         return tuple(sent_args), dict(sent_kwargs)
-
-
-def _with_lock_options(
-    options: dict[str, Any], headers: object, what: str
-) -> tuple[dict[str, Any], GivenOptions | None]:
-    """The message's headers, with the lock options popped from ``options`` merged over those
-    of its `LOCK_OPTIONS_HEADER`, checked; and the merged options (None: none popped)."""
-    merged = dict(cast("Mapping[str, Any]", headers or {}))
-    lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
-    if not lock_options:
-        return merged, None
-    raw: object = merged.get(LOCK_OPTIONS_HEADER) or {}
-    sent, beat = read_message_options(raw, f"the {LOCK_OPTIONS_HEADER!r} header of {what}")
-    given = {name: value for name, value in lock_options.items() if value is not None}
-    checked = read_call_options({**sent.by_name(), **given}, what)
-    header_options = merged[LOCK_OPTIONS_HEADER] = checked.by_name()
-    if beat is not None:  # sent by beat for an entry: it stays named
-        header_options[BEAT_ENTRY_HEADER] = cast("Mapping[str, Any]", raw)[BEAT_ENTRY_HEADER]
-    return merged, checked
 
 
 def apply_task_locks(app: Any) -> list[str]:
