@@ -103,23 +103,21 @@ def heartbeat() -> None:
     """The periodic task the singleton beat sends."""
 
 
+@celery_signals.task_retry.connect
 def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
     if getattr(sender, "name", None) == sync_account.name and request is not None:
         account = str(request.kwargs.get("account", "?"))
         record(_events(), Event("retry", f"account:{account}", time.time(), str(request.id)))
 
 
+@celery_signals.worker_ready.connect
 def _on_ready(**_: Any) -> None:
     (Path(_env("DFLOCK_DEMO_DIR")) / f"ready-{_name()}").touch()
 
 
+@lock_skipped.connect
 def _on_skipped(sender: Any = None, task_id: Any = None, key: Any = None, **_: Any) -> None:
     record(_events(), Event("skip", str(key), time.time(), str(task_id)))
-
-
-celery_signals.task_retry.connect(_on_retry)
-celery_signals.worker_ready.connect(_on_ready)
-lock_skipped.connect(_on_skipped)
 
 
 class DemoScheduler(SingletonScheduler, PersistentScheduler):
