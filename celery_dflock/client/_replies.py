@@ -264,13 +264,9 @@ class ReplyParser:
 
     __slots__ = ("_buffer", "_scanned", "max_line_bytes", "max_stats_line_bytes")
 
-    def __init__(
-        self,
-        max_line_bytes: int = wire.MAX_LINE_BYTES,
-        max_stats_line_bytes: int = MAX_STATS_LINE_BYTES,
-    ) -> None:
-        self.max_line_bytes = max_line_bytes
-        self.max_stats_line_bytes = max_stats_line_bytes
+    def __init__(self) -> None:
+        self.max_line_bytes = wire.MAX_LINE_BYTES  # (tests set smaller limits)
+        self.max_stats_line_bytes = MAX_STATS_LINE_BYTES
         self._buffer = bytearray()
         self._scanned = 0  # bytes of _buffer already known to hold no newline
 

@@ -234,7 +234,8 @@ def test_stats_may_be_long_but_has_its_own_limit() -> None:
     parser.feed(line)
     assert parser.next_reply(Command.STATS) == JsonReply(big)
 
-    small = ReplyParser(max_stats_line_bytes=100)
+    small = ReplyParser()
+    small.max_stats_line_bytes = 100
     small.feed(line)
     with pytest.raises(ProtocolError, match="longer than 100 bytes"):
         small.next_reply(Command.STATS)

@@ -100,8 +100,8 @@ def _step(parser: _replies.ReplyParser, command: Command, chunk: bytes, fast: bo
 def test_feed_reply_is_feed_then_next_reply(
     command: Command, chunks: list[bytes], limit: int
 ) -> None:
-    fast = _replies.ReplyParser(max_line_bytes=limit)
-    slow = _replies.ReplyParser(max_line_bytes=limit)
+    fast, slow = _replies.ReplyParser(), _replies.ReplyParser()
+    fast.max_line_bytes = slow.max_line_bytes = limit
     for chunk in chunks:
         assert _step(fast, command, chunk, True) == _step(slow, command, chunk, False)
         assert fast.buffered == slow.buffered
