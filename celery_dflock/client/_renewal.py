@@ -68,9 +68,7 @@ class Renewer:
     long an idle thread waits for work before it exits."""
 
     def __init__(self, *, linger_s: float, name: str = "dflock-renew") -> None:
-        if linger_s < 0:
-            raise ValueError(f"linger_s must be >= 0, got {linger_s!r}")
-        self._linger_s = float(linger_s)
+        self._linger_s = linger_s
         self._name = name
         self._by_pid: dict[int, _Schedule] = {}
         self.watcher = ConnectionWatcher()  # for a close by the server of a held connection
