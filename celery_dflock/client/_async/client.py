@@ -153,14 +153,10 @@ class AsyncClient:
             self._settings,
             limit=limit,
             acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=self._lease(lease_ttl_s),
+            lease_ttl_s=None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s),
             router=self._router,
             note=note,
         )
-
-    @staticmethod
-    def _lease(lease_ttl_s: int | None) -> int | None:
-        return None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s)
 
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
