@@ -190,11 +190,11 @@ def encode_keepalive(session_id: str) -> bytes:
     return _request(Command.PING, wire.PLACEHOLDER, f"{wire.HELLO_SESSION} {session_id}")
 
 
-def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
+def checked_asking(key: str, ticket: str | None) -> bytes:
     """``asking <key> <ticket>`` (``asking _ _`` without a ticket)."""
-    if key is None or ticket is None:
+    if ticket is None:
         return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
-    return _request(Command.ASKING, validate_key(key), ticket)
+    return _request(Command.ASKING, key, ticket)
 
 
 def fence_of(token: str) -> int:

@@ -58,7 +58,7 @@ def test_the_shards_request_and_the_new_replies_byte_by_byte() -> None:
 
 
 def test_the_key_level_move_replies_byte_by_byte() -> None:
-    assert _requests.encode_asking() == b"asking\n_\n_\n"
+    assert _requests.checked_asking("k", None) == b"asking\n_\n_\n"
     assert _replies.decode_reply(Command.ASKING, b"ok") == Ok()
     assert _replies.decode_reply(Command.ASKING, b"error") == ErrorReply("error")  # too old
     for command in (Command.LOCK, Command.HOLD, Command.ENQUEUE, Command.SEM_ENQUEUE):
@@ -71,7 +71,7 @@ def test_the_key_level_move_replies_byte_by_byte() -> None:
     ticket = "1f.6a0b1c2d.18eb8cfb560e7377." + "ab" * 16
     line = f"error_ask 10.0.0.7:6388 {ticket}".encode()
     assert _replies.decode_reply(Command.LOCK, line) == Asked("10.0.0.7:6388", ticket)
-    assert _requests.encode_asking("job:7", ticket) == f"asking\njob:7\n{ticket}\n".encode()
+    assert _requests.checked_asking("job:7", ticket) == f"asking\njob:7\n{ticket}\n".encode()
     with pytest.raises(ProtocolError, match="ticket"):
         _replies.decode_reply(Command.LOCK, b"error_ask a:1 t1 t2")
 

@@ -297,7 +297,7 @@ def test_every_command_has_an_encoder() -> None:
         _requests.checked_note("k", TOKEN, "note"),
         _requests.checked_take("k", TOKEN, 30, None, "note"),
         _requests.checked_hand_down("k", TOKEN, 30),
-        _requests.encode_asking(),
+        _requests.checked_asking("k", None),
         _requests.checked_force_release("k"),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == SERVER_COMMANDS

@@ -277,7 +277,7 @@ class ClusterClient(SimClient):
 
         conn.request(
             Command.ASKING,
-            _requests.encode_asking(core.key, core.routing.ask_ticket),
+            _requests.checked_asking(core.key, core.routing.ask_ticket),
             10.0,
             answered,
         )

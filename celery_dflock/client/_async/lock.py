@@ -254,7 +254,7 @@ class AsyncLockBase:
             try:
                 if core.routing.asking:
                     core.routing.asking = False  # one request only
-                    asking = _requests.encode_asking(core.key, core.routing.ask_ticket)
+                    asking = _requests.checked_asking(core.key, core.routing.ask_ticket)
                     if not isinstance(await conn.request(_requests.Command.ASKING, asking), Ok):
                         await holding.checkin(conn)
                         wait_s = core.routing.on_ask_refused()

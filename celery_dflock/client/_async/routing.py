@@ -113,7 +113,7 @@ async def send_to_owner(
             break
         if router is not None and isinstance(reply, Moved):
             router.invalidate()
-        asking = _requests.encode_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
+        asking = _requests.checked_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
         endpoint = settings.endpoint(*split_address(reply.address))
         command, reply = await request_once(pool.checkout, pool.checkin, endpoint, build, asking)
     return command, reply, endpoint

@@ -115,7 +115,7 @@ def send_to_owner(
             break
         if router is not None and isinstance(reply, Moved):
             router.invalidate()
-        asking = _requests.encode_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
+        asking = _requests.checked_asking(key, reply.ticket) if isinstance(reply, Asked) else b""
         endpoint = settings.endpoint(*split_address(reply.address))
         command, reply = request_once(pool.checkout, pool.checkin, endpoint, build, asking)
     return command, reply, endpoint
