@@ -134,7 +134,7 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
                 "port apart and an IPv6 address without brackets (e.g. ('127.0.0.1', 6388), "
                 "('::1', 6388))"
             )
-        if not isinstance(port, int) or not _is_int(port) or not 0 < port <= 65535:
+        if not _is_int(port) or not 0 < port <= 65535:
             raise InvalidValueError(
                 f"server port must be an int in 1..65535, got {port!r} in {entry!r}"
             )
