@@ -34,6 +34,29 @@ _POLL_OUT: Final = select.POLLOUT if hasattr(select, "poll") else 0
 _POLL_MAX_MS: Final = 86_400_000
 """The longest one ``poll`` waits (its milliseconds are a C int: about 24.8 days at most); a
 longer wait polls again, its deadline deciding."""
+_POLL_NVAL: Final = select.POLLNVAL if hasattr(select, "poll") else 0
+_SHOWN_BYTES: Final = 40  # of bytes nobody asked for, shown in what an idle check saw
+
+
+def unasked(data: bytes | bytearray, *, peeked: bool = False) -> str:
+    """What an idle check says of bytes nobody asked for (their start); ``peeked``: ``data``
+    is the start of what waits (`_SHOWN_BYTES` and one more, at most)."""
+    count = f"over {_SHOWN_BYTES}" if peeked and len(data) > _SHOWN_BYTES else len(data)
+    return f"{count} byte(s) nobody asked for ({bytes(data[:_SHOWN_BYTES])!r})"
+
+
+def _peeked(sock: socket.socket, events: int) -> str:
+    """What a readable idle socket holds (``poll`` ``events``), left unread: EOF, an error,
+    or bytes nobody asked for."""
+    if events & _POLL_NVAL:
+        return "its descriptor is not open"
+    try:
+        data = sock.recv(_SHOWN_BYTES + 1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return f"poll events {events:#x}, nothing to read"
+    except OSError as exc:
+        return f"a socket error ({exc})"
+    return unasked(data, peeked=True) if data else "EOF from the peer"
 
 
 def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
@@ -167,54 +190,62 @@ class SocketTransport:
 
     def quiet(self) -> bool:
         """Cheap liveness check of an idle connection: no EOF, nothing waiting to be read."""
+        return self.unsound() is None
+
+    def unsound(self) -> str | None:
+        """What makes an idle connection unusable (EOF, an error, bytes nobody asked for, left
+        unread), said for the logs; None when nothing waits to be read."""
         if isinstance(self.sock, ssl.SSLSocket):
-            return self._tls_quiet(self.sock)
+            return self._tls_unsound(self.sock)
         if self._poller is not None:
             # Readable means EOF, an error, or bytes nobody asked for: not reusable.
             try:
-                return not self._poller.poll(0)
-            except OSError:
-                return False
+                ready = self._poller.poll(0)
+            except OSError as exc:
+                return f"its socket could not be polled ({exc})"
+            return _peeked(self.sock, ready[0][1]) if ready else None
         try:
             self.sock.settimeout(0.0)
-            self.sock.recv(1, socket.MSG_PEEK)  # EOF (b"") or bytes nobody asked for
+            data = self.sock.recv(_SHOWN_BYTES + 1, socket.MSG_PEEK)
         except BlockingIOError:
-            return True  # nothing to read: the peer has not closed it
-        except OSError:
-            return False
-        return False  # read something: either way not reusable
+            return None  # nothing to read: the peer has not closed it
+        except OSError as exc:
+            return f"a socket error ({exc})"
+        return unasked(data, peeked=True) if data else "EOF from the peer"  # not reusable
 
-    def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
-        """True when a TLS connection has nothing to read but TLS records (session tickets):
+    def _tls_unsound(self, sock: ssl.SSLSocket) -> str | None:
+        """None when a TLS connection has nothing to read but TLS records (session tickets):
         a readable socket is read without blocking; unasked application bytes are kept in the
         reply parser and the connection refused for reuse."""
-        if sock.pending():
-            return False  # decrypted bytes nobody asked for
+        if pending := sock.pending():
+            return f"{pending} decrypted byte(s) nobody asked for"
         if hasattr(select, "poll"):
             try:
                 poller = select.poll()
                 poller.register(sock, _POLL_IN)
                 if not poller.poll(0):
-                    return True  # nothing arrived: the TLS state is not touched at all
-            except (OSError, ValueError):
-                return False
+                    return None  # nothing arrived: the TLS state is not touched at all
+            except (OSError, ValueError) as exc:
+                return f"its socket could not be polled ({exc})"
         try:
             sock.settimeout(0.0)  # the next request sets its own timeout
             data = sock.recv(RECV_BYTES)
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            return True  # only TLS records (or part of one): the peer has not closed it
-        except (OSError, ValueError):
-            return False
+            return None  # only TLS records (or part of one): the peer has not closed it
+        except (OSError, ValueError) as exc:
+            return f"a socket error ({exc})"
         if data:
             self.parser.feed(data)  # bytes nobody asked for (the next request reports them)
-        return False  # b"": EOF or close_notify
+            return unasked(data)
+        return "EOF (or TLS close_notify) from the peer"
 
-    def broken(self, lock: threading.Lock) -> bool:
-        """`AsyncConnection.broken_while_idle`; False when ``lock`` (the request lock) is taken."""
+    def breakage(self, lock: threading.Lock) -> str | None:
+        """`AsyncConnection.idle_breakage` (closed, or `unsound`); None when ``lock`` (the
+        request lock) is taken."""
         if not lock.acquire(blocking=False):
-            return False
+            return None
         try:
-            return self.closed or not self.quiet()
+            return "closed by this client" if self.closed else self.unsound()
         finally:
             lock.release()
 
@@ -360,17 +391,21 @@ class AsyncStreamTransport:
         half-closes or the connection is lost; None stops."""
         self._stream.on_peer = callback
 
-    def broken(self, lock: asyncio.Lock) -> bool:
-        """`AsyncConnection.broken_while_idle` (nothing else runs on the loop meanwhile)."""
+    def breakage(self, lock: asyncio.Lock) -> str | None:
+        """`AsyncConnection.idle_breakage` (nothing else runs on the loop meanwhile)."""
         del lock
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
-        return (
-            self._reader.at_eof()
-            or self._reader.exception() is not None
-            or (isinstance(unread, bytes | bytearray) and bool(unread))
-            or self._writer.is_closing()
-            or self._stream.peer_closed
-        )
+        if isinstance(unread, bytes | bytearray) and unread:
+            return unasked(unread)
+        if (exc := self._reader.exception()) is not None:
+            return f"a socket error ({exc})"
+        if self._reader.at_eof():
+            return "EOF from the peer"
+        if self._writer.is_closing():
+            return "closed by this client"
+        if self._stream.peer_closed:
+            return "EOF from the peer"
+        return None
 
     def half_close(self) -> bool:
         """Send EOF and keep reading (an interrupted acquire's reply still to come); False,

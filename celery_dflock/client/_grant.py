@@ -27,6 +27,13 @@ CLOSED_BY_SERVER: Final = (
     "the server closed it: restarted, shutting down, a network cut or an idle timeout"
 )
 
+
+def closed_while_idle(seen: str) -> str:
+    """Why a held connection found unusable while idle was dropped: `CLOSED_BY_SERVER`, and
+    what the check saw (`AsyncConnection.idle_breakage`), which tells a close from the rest."""
+    return f"{CLOSED_BY_SERVER}; seen: {seen}"
+
+
 REATTACH_FIRST_PAUSE_S: Final = 0.05
 REATTACH_MAX_PAUSE_S: Final = 1.0  # the pause after a failed reattach doubles up to this
 

@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from celery_dflock.client._background import background_thread as background
 from celery_dflock.client._core import LockCore
-from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
+from celery_dflock.client._grant import LockState, closed_while_idle
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client._sync.connection import Connection
@@ -183,12 +183,13 @@ class RenewalDriver:
             core = lock.core
             if lock.conn is not conn or core.state is not LockState.HELD or core.lost:
                 return False
-            if not conn.broken_while_idle():
+            seen = conn.idle_breakage()
+            if seen is None:
                 return True  # a reply was read meanwhile: nothing wrong
             lock.conn = None
             self._watched_fd = None
             conn.close()
-            core.connection_broke(CLOSED_BY_SERVER)
+            core.connection_broke(closed_while_idle(seen))
             self.poke()
         finally:
             lock.op_lock.release()

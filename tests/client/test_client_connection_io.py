@@ -104,3 +104,23 @@ def test_a_send_that_never_finds_room_times_out_and_closes() -> None:
         with pytest.raises(ServerUnavailable, match="no reply"):
             conn.request(Command.PING, _requests.PING_REQUEST, timeout=0.3)
         assert conn.closed
+
+
+def test_an_idle_check_says_what_it_saw() -> None:
+    # What `idle_breakage` says is what a dropped held connection's log and lost reason show:
+    # bytes nobody asked for (left unread), the peer's EOF, this client's close.
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        pair = Endpoint("pair", 1)
+        conn = Connection(pair, SocketTransport(pair, ours))
+        assert conn.idle_breakage() is None and not conn.broken_while_idle()
+        peer.sendall(b"ok 0123456789abcdef0123456789abcdef 3\n" * 2)
+        seen = "over 40 byte(s) nobody asked for (b'ok 0123456789abcdef0123456789abcdef 3\\nok')"
+        assert conn.idle_breakage() == seen
+        assert conn.idle_breakage() == seen  # peeked, not read
+        assert not conn.transport.quiet() and conn.broken_while_idle()
+        ours.recv(1024)
+        peer.shutdown(socket.SHUT_WR)
+        assert conn.idle_breakage() == "EOF from the peer"
+        conn.close()
+        assert conn.idle_breakage() == "closed by this client"

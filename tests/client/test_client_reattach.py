@@ -223,6 +223,32 @@ async def test_a_cut_connection_reattaches_and_the_lock_stays_held(
 
 
 @faces
+@pytest.mark.parametrize(
+    ("cut", "seen"), [("drop", "EOF from the peer"), ("reset", "a socket error (")]
+)
+async def test_a_held_connection_found_cut_is_logged_with_what_its_check_saw(
+    keeping_server: ServerThread,
+    proxy: FaultProxy,
+    face: str,
+    cut: str,
+    seen: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A held connection found unusable while idle is dropped saying what the check saw (an EOF,
+    # an error, bytes nobody asked for, a close of this client's): a lost lock's reason tells
+    # them apart.
+    caplog.set_level(logging.INFO, logger="celery_dflock.client")
+    async with holder(face, "lock", proxy.address) as lock:
+        assert await lock.acquire()
+        getattr(proxy, cut)()
+        await eventually(lambda: "reattaching by token" in caplog.text, what="reattaching")
+        assert f"{CLOSED_BY_SERVER}; seen: {seen}" in caplog.text
+        await eventually(lambda: proxy.accepted == 2 and proxy.connections == 1, what="reattached")
+        assert await lock.release() is True
+        assert lock.lost_calls == []
+
+
+@faces
 @kinds
 async def test_renewals_continue_on_the_reattached_connection(
     keeping_server: ServerThread, proxy: FaultProxy, face: str, kind: str

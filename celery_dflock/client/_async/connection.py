@@ -194,7 +194,15 @@ class AsyncConnection:
     def broken_while_idle(self) -> bool:
         """True when an idle connection is unusable (EOF, a reset, bytes nobody asked for);
         False while a request is in flight (it sees a broken connection itself)."""
-        return self.closed or (not self.in_flight and self.transport.broken(self._lock))
+        return self.idle_breakage() is not None
+
+    def idle_breakage(self) -> str | None:
+        """What makes an idle connection unusable (`broken_while_idle`), said for the logs:
+        ``EOF from the peer``, a socket error, bytes nobody asked for, closed by this client;
+        None while it is sound or a request is in flight."""
+        if self.closed:
+            return "closed by this client"
+        return None if self.in_flight else self.transport.breakage(self._lock)
 
     @classmethod
     async def connect(

@@ -33,7 +33,7 @@ from celery_dflock.client._async.keepalive import start_keeping
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
 from celery_dflock.client._core import LockCore
-from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
+from celery_dflock.client._grant import LockState, RenewOutcome, closed_while_idle, redact
 from celery_dflock.client._replies import Granted, Ok, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
@@ -256,8 +256,8 @@ class AsyncHolding:
             ended = core.grant.session_ended()
             if ended is not None:
                 first = core.mark_lost(ended)
-            elif conn is not None and conn.broken_while_idle():
-                self._drop_connection(conn, CLOSED_BY_SERVER)
+            elif conn is not None and (seen := conn.idle_breakage()) is not None:
+                self._drop_connection(conn, closed_while_idle(seen))
             elif conn is not None and scheduled and core.grant.kept_alive():
                 return True  # its session's keep-alives renew it: no request of its own
             elif conn is not None:
@@ -376,8 +376,9 @@ class AsyncHolding:
         when the lease ran out unanswered, or (``once``) the first attempt on a new connection
         was. ``core``: a background release's copy."""
         core = self.core if core is None else core
-        if conn is not None and conn.broken_while_idle():
-            self._drop_connection(conn, CLOSED_BY_SERVER)  # (given ``conn``: ours, not a copy's)
+        if conn is not None and (seen := conn.idle_breakage()) is not None:
+            # (given ``conn``: ours, not a copy's)
+            self._drop_connection(conn, closed_while_idle(seen))
             conn = None
         retried = False
         fresh = conn is None
