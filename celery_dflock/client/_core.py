@@ -427,7 +427,7 @@ class LockCore:
                 self.what,
                 self.endpoint.address,
                 redact(detail),
-                max(0.0, grant.lease_left()),
+                max(0.0, grant.reattach_left()),
             )
         grant.broken = detail
 

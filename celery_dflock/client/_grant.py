@@ -98,6 +98,9 @@ class HeldGrant:
     server_down: bool = False
     reattach_failures: int = 0
     broken: str | None = None
+    # Collected by a `w` (its lease counted from the `e`, over on this side already) and not
+    # confirmed since: a reattach may find it held until `lease_latest_end` (`reattach_left`).
+    collected: bool = False
 
     @property
     def fence(self) -> int | None:
@@ -151,6 +154,22 @@ class HeldGrant:
         deadline = self.lease_end() if down else self.hold_deadline()
         return deadline - (self.clock() if now is None else now)
 
+    def reattach_left(self, now: float | None = None) -> float:
+        """Seconds a reattach may still find the grant held: `lease_left`; for a grant collected
+        by `w` and not confirmed since, counted to the latest end its lease can have (its
+        reply's time plus the lease), as that grant's first renewal is awaited until then
+        (`renew_reply_timeout`). Held surely or not (`hold_deadline`) is not changed by it."""
+        left = self.lease_left(now)
+        if not self.collected:
+            return left
+        session = self.session
+        end = self.lease_latest_end
+        if not (self.server_down or (session is not None and session.server_down)):
+            end = min(end, self.session_deadline)
+            if session is not None:
+                end = min(end, session.deadline())
+        return max(left, end - (self.clock() if now is None else now))
+
     def session_ended(self) -> str | None:
         """Why the grant's client session is over; None when it may live, there is none, or
         the server is not running (it ends nothing)."""
@@ -180,6 +199,7 @@ class HeldGrant:
         self.durable = server is not None and server.supports(wire.FEATURE_DURABLE)
         self.renewed(lease, sent_at)  # the rest is as after a renewal, but the lease's start
         self.lease_deadline = started + lease
+        self.collected = started < sent_at
 
     def renewed(
         self, seconds_remaining: int, sent_at: float, session: ClientSession | None = None
@@ -200,6 +220,7 @@ class HeldGrant:
         self.server_down = False
         self.broken = None
         self.reattach_failures = 0
+        self.collected = False
 
     def left_session(self, server: ServerInfo | None, sent_at: float) -> None:
         """After `renewed`: that renewal, sent at ``sent_at``, was answered on a connection in
@@ -237,6 +258,7 @@ class HeldGrant:
         self.kept_end, self.kept_at = 0.0, -math.inf
         self.durable = False
         self.server_down = False
+        self.collected = False
 
     def renew_interval(self, renew_ratio: float) -> float:
         """``lease * renew_ratio``, bounded, and on a session connection a third of its time."""
@@ -263,17 +285,17 @@ class HeldGrant:
         return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, end - now))
 
     def reattach_endpoint(self, endpoint: Endpoint, now: float | None = None) -> Endpoint:
-        """``endpoint``, its connect timeout cut to the lease left."""
-        left = max(MIN_RENEW_INTERVAL_S, self.lease_left(now))
+        """``endpoint``, its connect timeout cut to the time a reattach has left."""
+        left = max(MIN_RENEW_INTERVAL_S, self.reattach_left(now))
         if left >= endpoint.connect_timeout_s:
             return endpoint
         return replace(endpoint, connect_timeout_s=left)
 
     def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
         """A reattach failed (``detail``): seconds to pause before the next, never past the
-        lease; None once the lease ran out."""
+        lease; None once the lease ran out (`reattach_left`)."""
         self.broken = detail
-        left = self.lease_left(now)
+        left = self.reattach_left(now)
         if left <= 0:
             return None
         pause = min(REATTACH_FIRST_PAUSE_S * 2**self.reattach_failures, REATTACH_MAX_PAUSE_S)

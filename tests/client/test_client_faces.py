@@ -290,6 +290,42 @@ async def test_a_grant_collected_late_by_wait_is_renewed_in_time(
     assert await run(second.release()) is True
 
 
+CUT_LEASE_S = 3
+
+
+async def test_a_grant_collected_by_wait_on_a_connection_closed_at_once_is_reattached(
+    make: Maker, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A `w` that blocked past the lease counted from the `e`: the lease the client can count on
+    # is over when the grant comes, while the server's runs its whole length from the grant. Its
+    # first renewal is answered until the latest end that lease can have (the reply's time plus
+    # the lease). The connection closed right after the reply (here by the proxy: the first
+    # renewal finds an EOF, or is cut by the reset its bytes cause), the lock reattaches by
+    # token until then too, rather than count itself lost with no attempt.
+    caplog.set_level(logging.INFO, logger="celery_dflock.client")
+    run = make.face.run
+    with FaultProxy(make.server.address) as proxy:
+        first = make("2p-cut", lease_ttl_s=CUT_LEASE_S)
+        assert await run(first.acquire())
+        lost: list[Lock] = []
+        second = make(
+            "2p-cut", lease_ttl_s=CUT_LEASE_S, servers=[proxy.address], on_lost=lost.append
+        )
+        assert await run(second.enqueue()) == "queued"
+        dropped = proxy.drop_after_reply(b"w\n2p-cut\n")
+        join = make.face.spawn(lambda: second.wait(10))
+        await asyncio.sleep(CUT_LEASE_S + 1.0)
+        assert await run(first.release())  # the server grants `second` now
+        await join(15.0)
+        assert second.locked()
+        # (the proxy closes it once the reply is written: the client may have read it first)
+        assert await asyncio.to_thread(dropped.wait, 10.0)
+        await until(lambda: bool(second.owned() or lost), what="renewed by token, or lost")
+        assert lost == [] and second.owned(), caplog.text
+        assert make.holders("2p-cut") == (1, 0)
+        assert await run(second.release()) is True
+
+
 async def test_wait_times_out_and_leaves_the_queue(make: Maker) -> None:
     async with make.face.held(make("2p-timeout")):
         late = make("2p-timeout")

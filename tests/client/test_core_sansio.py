@@ -223,6 +223,34 @@ def test_queued_then_granted_counts_the_lease_from_the_enqueue() -> None:
     assert core.state is LockState.HELD and core.grant.lease_deadline == 133.0
 
 
+def test_a_grant_collected_late_may_be_reattached_until_its_lease_surely_ended() -> None:
+    """A `w` answered after the lease counted from its `e` ran out: not owned until renewed,
+    but its connection broken, a reattach may still find it held until the reply's time plus
+    the lease (the latest the server's lease can end), where a grant not collected by `w` has
+    the lease left alone. A renewal ends that: from then on the lease is counted as usual."""
+    now = [150.0]
+    core = make(lease_ttl_s=30)
+    core.grant.clock = lambda: now[0]
+    command, _, _ = core.enqueue_request(FENCING)
+    assert not core.on_grant_reply(command, reply(command, b"queued"), 100.0, FENCING)
+    command, _, _ = core.wait_request(60)
+    assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 30".encode()), 101.0, FENCING)
+    assert not core.owned() and core.grant.lease_left() == -20.0  # counted from the `e`
+    core.connection_broke("EOF")
+    assert core.grant.reattach_left() == 30.0  # answered now: its lease ends by 180 at the latest
+    assert core.grant.reattach_pause("refused", now=179.0) == pytest.approx(0.05)
+    assert core.grant.reattach_pause("refused", now=180.0) is None
+    assert core.reattach_endpoint(now=178.0).connect_timeout_s == pytest.approx(2.0)
+    assert core.on_renew_reply(reply(Command.RENEW, b"ok 30"), 160.0).renewed
+    now[0] = 170.0
+    assert core.owned() and core.grant.reattach_left() == core.grant.lease_left() == 20.0
+    acquired = make(lease_ttl_s=30)  # not by `w`: the lease left is all a reattach has
+    acquired.grant.clock = lambda: now[0]
+    command, _, _ = acquired.acquire_request(FENCING)
+    assert acquired.on_grant_reply(command, reply(command, f"ok {TOKEN} 30".encode()), 120.0, None)
+    assert acquired.grant.reattach_left() == acquired.grant.lease_left() == -20.0
+
+
 def test_a_timeout_is_not_held_and_a_busy_hold_names_its_holder() -> None:
     core = make()
     core.begin_acquire()

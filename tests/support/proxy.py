@@ -15,6 +15,10 @@ each returns once it has taken effect):
   back to that client (its reply is held) until ``release_replies()`` or the client hangs up.
   The event it returns is set once such a request has gone upstream: the client now waits for
   a reply that does not come.
+* ``drop_after_reply(marker)``: a one-shot trap for one request. The next request a client sends
+  whose chunk contains ``marker`` is forwarded, and so is its reply; then that connection is
+  closed on both sides (a FIN each way), as a server that closed it at once after answering. The
+  event it returns is set once it is closed.
 * ``hold_replies_of(marker)``: from now on, nothing more comes back on the connections open now
   whose request began with bytes containing ``marker`` (a long-lived stream's, say: an etcd
   watch); their requests still go upstream, and they stay open, silent. Other connections, and
@@ -58,6 +62,8 @@ class _Pair:
         """The last bytes the client sent (a marker may straddle two chunks)."""
         self.head = b""
         """The first bytes the client sent (its request line, for ``hold_replies_of``)."""
+        self.drop_after: threading.Event | None = None
+        """Set by ``drop_after_reply``: the next reply is the last (then this event is set)."""
 
     def writers(self) -> list[asyncio.StreamWriter]:
         return [w for w in (self.client, self.upstream) if w is not None]
@@ -78,6 +84,8 @@ class FaultProxy:
         self._latency_s = 0.0
         self._hold_marker: bytes | None = None
         self._held = threading.Event()
+        self._drop_marker: bytes | None = None
+        self._dropped = threading.Event()
         self._port = 0
         self.accepted = 0
 
@@ -228,6 +236,19 @@ class FaultProxy:
 
         return self._run_in_loop(arm)
 
+    def drop_after_reply(self, marker: bytes) -> threading.Event:
+        """Close the connection after the reply to the next request containing ``marker`` (see
+        the module docstring)."""
+        if not marker:
+            raise ValueError("an empty marker would catch any request")
+
+        def arm() -> threading.Event:
+            self._dropped = threading.Event()
+            self._drop_marker = marker
+            return self._dropped
+
+        return self._run_in_loop(arm)
+
     def hold_replies_of(self, marker: bytes) -> int:
         """Hold the replies of the open connections whose first bytes contain ``marker`` (see
         the module docstring); how many were caught."""
@@ -257,18 +278,23 @@ class FaultProxy:
         pairs = list(self._pairs)
         self._pairs.clear()
         for pair in pairs:
-            for task in pair.tasks:
-                task.cancel()
-            for writer in pair.writers():
-                if rst:
-                    sock = writer.get_extra_info("socket")
-                    if sock is not None:
-                        with contextlib.suppress(OSError):
-                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
-                    writer.transport.abort()
-                else:
-                    writer.close()
+            self._cut_pair(pair, rst=rst)
         return len(pairs)
+
+    @staticmethod
+    def _cut_pair(pair: _Pair, *, rst: bool) -> None:
+        for task in pair.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        for writer in pair.writers():
+            if rst:
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+                writer.transport.abort()
+            else:
+                writer.close()
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -326,6 +352,9 @@ class FaultProxy:
                 if upstream and len(pair.head) < HEAD_BYTES:
                     pair.head += data[: HEAD_BYTES - len(pair.head)]
                 caught = self._catches(pair, data) if upstream else None
+                if upstream and self._drop_marker is not None and self._drop_marker in data:
+                    self._drop_marker = None
+                    pair.drop_after = self._dropped
                 if not upstream:
                     await pair.replies.wait()
                 if not data:
@@ -338,6 +367,11 @@ class FaultProxy:
                 await writer.drain()
                 if caught is not None:
                     caught.set()
+                if not upstream and (dropped := pair.drop_after) is not None:
+                    self._forget(pair)
+                    self._cut_pair(pair, rst=False)
+                    dropped.set()
+                    return
         except (OSError, asyncio.IncompleteReadError):
             self._forget(pair)
             for w in pair.writers():

@@ -320,7 +320,7 @@ class AsyncHolding:
                 ended = core.grant.session_ended()
                 if ended is not None:
                     first = core.mark_lost(ended)
-                elif core.grant.lease_left() <= 0:
+                elif core.grant.reattach_left() <= 0:
                     first = core.mark_unreachable()
                 else:
                     outcome = await self._reattach_once()

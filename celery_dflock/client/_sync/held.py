@@ -322,7 +322,7 @@ class Holding:
                 ended = core.grant.session_ended()
                 if ended is not None:
                     first = core.mark_lost(ended)
-                elif core.grant.lease_left() <= 0:
+                elif core.grant.reattach_left() <= 0:
                     first = core.mark_unreachable()
                 else:
                     outcome = self._reattach_once()
