@@ -129,6 +129,7 @@ class _ProcessWatcher:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self.entries: dict[int, WatchCallback] = {}
+        self._running_now: set[int] = set()  # sockets whose callback runs (out of `entries`)
         self._poller = _Poller()
         self._running = False
         self._idle_since = 0.0
@@ -150,6 +151,7 @@ class _ProcessWatcher:
 
     def unwatch(self, fd: int) -> None:
         with self._mutex:
+            self._running_now.discard(fd)  # a callback running now is not watched again
             if self.entries.pop(fd, None) is None:
                 return
             self._poller.unregister(fd)
@@ -174,6 +176,7 @@ class _ProcessWatcher:
                     poller.unregister(fd)
                     if callback is not None:
                         due.append((fd, callback))
+                        self._running_now.add(fd)
                 if due and not self.entries:
                     self._idle_since = time.monotonic()
             for fd, callback in due:
@@ -181,8 +184,9 @@ class _ProcessWatcher:
                     keep = callback()
                 except Exception:  # pragma: no cover - a callback bug must not stop the rest
                     keep = False
-                if keep:
-                    with self._mutex, contextlib.suppress(OSError):  # (closed meanwhile)
-                        if fd not in self.entries:
-                            poller.register(fd)
-                            self.entries[fd] = callback
+                with self._mutex, contextlib.suppress(OSError):  # (closed meanwhile)
+                    still = fd in self._running_now  # (not let go meanwhile)
+                    self._running_now.discard(fd)
+                    if keep and still and fd not in self.entries:
+                        poller.register(fd)
+                        self.entries[fd] = callback

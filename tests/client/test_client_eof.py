@@ -215,6 +215,41 @@ def test_a_socket_closed_while_its_callback_ran_leaves_the_watch_running() -> No
             sock.close()
 
 
+def test_a_socket_let_go_while_its_callback_ran_is_not_watched_again() -> None:
+    """A lock may let its socket go (release: unwatch) between its callback's answer (keep
+    watching: a reply was read meanwhile) and the watcher's putting it back in the poll set:
+    the watcher does not put it back. Before, the stale callback was watched again, keeping the
+    lock alive and the watcher's thread running for a socket nobody watched."""
+    watcher = ConnectionWatcher()
+    first, first_peer = socket.socketpair()
+    second, second_peer = socket.socketpair()
+    ran = threading.Event()
+    seen = threading.Event()
+
+    def let_go_meanwhile() -> bool:
+        first.recv(1)  # (the reply read meanwhile: the socket is not readable again)
+        watcher.unwatch(first.fileno())  # as the lock's thread would, just after this callback
+        ran.set()
+        return True
+
+    def saw_it() -> bool:
+        seen.set()
+        return False
+
+    try:
+        watcher.watch(first.fileno(), let_go_meanwhile)
+        first_peer.send(b"x")
+        assert ran.wait(TOLD_WITHIN_S)
+        watcher.watch(second.fileno(), saw_it)
+        second_peer.send(b"x")
+        assert seen.wait(TOLD_WITHIN_S)  # the first callback's turn is over by then
+        assert watched(watcher) == 0
+    finally:
+        watcher.unwatch(first.fileno())
+        for sock in (first, first_peer, second, second_peer):
+            sock.close()
+
+
 GREEN_TOLD_WITHIN_S = 2.0
 """Under a green library the close is seen by the watcher too: well before the client
 session's next keep-alive (every 5 s), which would otherwise be the first to find out."""
