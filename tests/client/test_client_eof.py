@@ -181,54 +181,30 @@ def test_a_release_stops_the_watch(dflock_server_factory: ServerFactory) -> None
         assert not lock.lost_event.wait(0.5)
 
 
-def test_a_socket_closed_while_its_callback_ran_leaves_the_watch_running() -> None:
-    """A lock may let its socket go and close it between its callback's answer (keep
-    watching) and the watcher's putting it back in the poll set (the callback runs outside the
-    watcher's mutex): the watcher lets it go, and goes on watching the others. Before, epoll
-    refused the closed socket (EBADF) in the watcher's thread, which ended it for good: no
-    socket of the process was watched again."""
+@pytest.mark.parametrize("meanwhile", ["closed", "let-go"])
+def test_a_socket_let_go_while_its_callback_ran_is_not_watched_again(meanwhile: str) -> None:
+    """A lock may let its socket go, and close it, between its callback's answer (keep
+    watching: a reply was read meanwhile) and the watcher's putting it back in the poll set
+    (the callback runs outside the watcher's mutex): the watcher does not put it back, and goes
+    on watching the others.
+    - closed: epoll refused the closed socket (EBADF) in the watcher's thread, which ended it
+      for good: no socket of the process was watched again;
+    - let go (released, not closed: the pool keeps it): the stale callback was watched again,
+      keeping the lock alive and the watcher's thread running for a socket nobody watched."""
     watcher = ConnectionWatcher()
     first, first_peer = socket.socketpair()
     second, second_peer = socket.socketpair()  # made now: it cannot take the first one's fd
+    first_fd, second_fd = first.fileno(), second.fileno()
     ran = threading.Event()
     seen = threading.Event()
 
-    def closed_meanwhile() -> bool:
-        first.close()  # as the lock's thread would, just after this callback
-        ran.set()
-        return True
-
-    def saw_it() -> bool:
-        seen.set()
-        return False
-
-    try:
-        watcher.watch(first.fileno(), closed_meanwhile)
-        first_peer.send(b"x")
-        assert ran.wait(TOLD_WITHIN_S)
-        watcher.watch(second.fileno(), saw_it)
-        second_peer.send(b"x")
-        assert seen.wait(TOLD_WITHIN_S), "the watcher stopped"
-    finally:
-        watcher.unwatch(second.fileno())
-        for sock in (first, first_peer, second, second_peer):
-            sock.close()
-
-
-def test_a_socket_let_go_while_its_callback_ran_is_not_watched_again() -> None:
-    """A lock may let its socket go (release: unwatch) between its callback's answer (keep
-    watching: a reply was read meanwhile) and the watcher's putting it back in the poll set:
-    the watcher does not put it back. Before, the stale callback was watched again, keeping the
-    lock alive and the watcher's thread running for a socket nobody watched."""
-    watcher = ConnectionWatcher()
-    first, first_peer = socket.socketpair()
-    second, second_peer = socket.socketpair()
-    ran = threading.Event()
-    seen = threading.Event()
-
-    def let_go_meanwhile() -> bool:
+    def answered_meanwhile() -> bool:
         first.recv(1)  # (the reply read meanwhile: the socket is not readable again)
-        watcher.unwatch(first.fileno())  # as the lock's thread would, just after this callback
+        # As the lock's thread would, just after this callback:
+        if meanwhile == "closed":
+            first.close()
+        else:
+            watcher.unwatch(first_fd)
         ran.set()
         return True
 
@@ -237,15 +213,16 @@ def test_a_socket_let_go_while_its_callback_ran_is_not_watched_again() -> None:
         return False
 
     try:
-        watcher.watch(first.fileno(), let_go_meanwhile)
+        watcher.watch(first_fd, answered_meanwhile)
         first_peer.send(b"x")
         assert ran.wait(TOLD_WITHIN_S)
-        watcher.watch(second.fileno(), saw_it)
+        watcher.watch(second_fd, saw_it)
         second_peer.send(b"x")
-        assert seen.wait(TOLD_WITHIN_S)  # the first callback's turn is over by then
+        assert seen.wait(TOLD_WITHIN_S), "the watcher stopped"  # the first's turn is over
         assert watched(watcher) == 0
     finally:
-        watcher.unwatch(first.fileno())
+        watcher.unwatch(first_fd)
+        watcher.unwatch(second_fd)
         for sock in (first, first_peer, second, second_peer):
             sock.close()
 
