@@ -139,9 +139,10 @@ class HeldGrant:
         kept_end = self.kept_end if self.kept_end else -math.inf  # -inf: none moved it
         return kept_end - (self.clock() if now is None else now) - KEPT_MARGIN_S
 
-    def hold_deadline(self) -> float:
-        """Until when the grant is surely held: the lease's or the session's end."""
-        deadline = min(self.lease_end(), self.session_deadline)
+    def hold_deadline(self, lease_end: float | None = None) -> float:
+        """Until when the grant is surely held: the lease's (``lease_end``, by default
+        `lease_end`) or the session's end."""
+        deadline = min(self.lease_end() if lease_end is None else lease_end, self.session_deadline)
         session = self.session
         if session is not None:
             deadline = min(deadline, session.deadline())
@@ -149,10 +150,7 @@ class HeldGrant:
 
     def lease_left(self, now: float | None = None) -> float:
         """Seconds the grant surely stays held (the lease's end alone once `server_down`)."""
-        session = self.session
-        down = self.server_down or (session is not None and session.server_down)
-        deadline = self.lease_end() if down else self.hold_deadline()
-        return deadline - (self.clock() if now is None else now)
+        return self._left(self.lease_end(), now)
 
     def reattach_left(self, now: float | None = None) -> float:
         """Seconds a reattach may still find the grant held: `lease_left`; for a grant collected
@@ -160,15 +158,15 @@ class HeldGrant:
         reply's time plus the lease), as that grant's first renewal is awaited until then
         (`renew_reply_timeout`). Held surely or not (`hold_deadline`) is not changed by it."""
         left = self.lease_left(now)
-        if not self.collected:
-            return left
+        return max(left, self._left(self.lease_latest_end, now)) if self.collected else left
+
+    def _left(self, lease_end: float, now: float | None) -> float:
+        """Seconds to ``lease_end``, or to the session's end before it unless the server is
+        not running (then the lease alone counts: it ends no session meanwhile)."""
         session = self.session
-        end = self.lease_latest_end
-        if not (self.server_down or (session is not None and session.server_down)):
-            end = min(end, self.session_deadline)
-            if session is not None:
-                end = min(end, session.deadline())
-        return max(left, end - (self.clock() if now is None else now))
+        down = self.server_down or (session is not None and session.server_down)
+        deadline = lease_end if down else self.hold_deadline(lease_end)
+        return deadline - (self.clock() if now is None else now)
 
     def session_ended(self) -> str | None:
         """Why the grant's client session is over; None when it may live, there is none, or
