@@ -136,7 +136,7 @@ class LockedTask(Task):
         nothing is sent and ``on_duplicate`` says what the caller gets."""
         what = f"apply_async options of {self._name!r}"
         check_option_names(options, what)
-        headers, per_call = self._call_options(options, options.pop("headers", None), what)
+        headers, per_call, beat = self._call_options(options, options.pop("headers", None), what)
         if headers:
             options["headers"] = headers
 
@@ -152,11 +152,9 @@ class LockedTask(Task):
             link or link_error or options.get("chord") or options.get("group_id")
         )
         task_id = task_id or uuid()
-        beat = None
-        if sent_options := headers.get(LOCK_OPTIONS_HEADER):
+        if per_call is None and (sent_options := headers.get(LOCK_OPTIONS_HEADER)):
             what = f"lock options of a message of {self._name!r}"
-            sent, beat = read_message_options(sent_options, what)
-            per_call = sent if per_call is None else per_call
+            per_call, beat = read_message_options(sent_options, what)
         taken = publish_hold(
             self,
             self._as_sent(args, kwargs, options),
@@ -220,7 +218,7 @@ class LockedTask(Task):
             what = f"apply options of {self._name!r}"
             check_option_names(options, what)
             if any(name in options for name in LOCK_OPTIONS):
-                headers, _ = self._call_options(options, headers, what)
+                headers, _, _ = self._call_options(options, headers, what)
         return self._base.apply(
             args,
             kwargs,
@@ -347,15 +345,16 @@ class LockedTask(Task):
 
     def _call_options(
         self, options: dict[str, Any], headers: object, what: str
-    ) -> tuple[dict[str, Any], GivenOptions | None]:
+    ) -> tuple[dict[str, Any], GivenOptions | None, GivenOptions | None]:
         """The message's headers, with the lock options popped from ``options`` merged over
-        those of its `LOCK_OPTIONS_HEADER`, checked; and the merged options (None: none
-        popped). A ``lock_key`` template naming a field the task does not take is refused (as
-        the task's own is when it is bound), before anything is sent or run."""
+        those of its `LOCK_OPTIONS_HEADER`, checked; the merged options and those of beat's
+        non-overlap the header names (None, None: none popped, the header not read). A
+        ``lock_key`` template naming a field the task does not take is refused (as the task's
+        own is when it is bound), before anything is sent or run."""
         merged = dict(cast("Mapping[str, Any]", headers or {}))
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
         if not lock_options:
-            return merged, None
+            return merged, None, None
         raw: object = merged.get(LOCK_OPTIONS_HEADER) or {}
         sent, beat = read_message_options(raw, f"the {LOCK_OPTIONS_HEADER!r} header of {what}")
         given = {name: value for name, value in lock_options.items() if value is not None}
@@ -365,7 +364,7 @@ class LockedTask(Task):
         header_options = merged[LOCK_OPTIONS_HEADER] = checked.by_name()
         if beat is not None:  # sent by beat for an entry: it stays named
             header_options[BEAT_ENTRY_HEADER] = cast("Mapping[str, Any]", raw)[BEAT_ENTRY_HEADER]
-        return merged, checked
+        return merged, checked, beat
 
     def _as_sent(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> Call:
         """(args, kwargs) as the run will get them, through the message's serializer."""
