@@ -684,25 +684,21 @@ class LockTable:
 
     def census(self) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
         """``(keys, holders, waiters)`` of locks, then of semaphores, and how many keys are
-        busy (``len(busy_keys())``), in one walk of the table (a metrics scrape's)."""
+        busy (`_busy`, as ``busy_keys``), in one walk of the table (a metrics scrape's)."""
         lock_keys = lock_held = lock_waiting = sem_keys = sem_held = sem_waiting = busy = 0
         for entry in self.grants.keys.values():
+            busy += self._busy(entry)
             if isinstance(entry, Holder):  # a lock nobody waits for
                 lock_keys += 1
-                if entry.live:
-                    lock_held += 1
-                    busy += 1
-                continue
-            held, waiting = entry.n_held, entry.n_waiting
-            if entry.is_sem:
+                lock_held += entry.live
+            elif entry.is_sem:
                 sem_keys += 1
-                sem_held += held
-                sem_waiting += waiting
+                sem_held += entry.n_held
+                sem_waiting += entry.n_waiting
             else:
                 lock_keys += 1
-                lock_held += held
-                lock_waiting += waiting
-            busy += bool(held or waiting)
+                lock_held += entry.n_held
+                lock_waiting += entry.n_waiting
         return (lock_keys, lock_held, lock_waiting), (sem_keys, sem_held, sem_waiting), busy
 
     def session_grants(self) -> int:
