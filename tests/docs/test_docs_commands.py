@@ -122,7 +122,12 @@ NOT_RUN: dict[str, str] = {
         "no Docker engine on CI; tests/server/test_compiled.py runs the Dockerfile's build stage "
         "(its COPY lines and its wheel's build) outside Docker"
     ),
+    r"docker build -t celery-dflock-example:0\.2\.0 -f examples/Dockerfile \.": (
+        "no Docker engine on CI; tests/test_compose.py validates docker-compose.yml, which "
+        "builds the same image"
+    ),
     r"kubectl create secret generic dflockd-auth --from-literal=token=.*": "no cluster on CI",
+    r"kubectl create secret generic celery-broker --from-literal=url=\S+": "no cluster on CI",
     r"kubectl apply -f deploy/kubernetes/": (
         "no cluster on CI; tests/test_deploy.py validates the manifests against the Kubernetes "
         "schemas"
