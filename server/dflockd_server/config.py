@@ -101,6 +101,7 @@ class Config:
     tls_key: str | None = None
     tls_handshake_timeout_s: float = c.DEFAULT_TLS_HANDSHAKE_TIMEOUT_S
     max_tls_handshakes: int = c.DEFAULT_MAX_TLS_HANDSHAKES
+    tls_reload_interval_s: float = c.DEFAULT_TLS_RELOAD_INTERVAL_S
     fence_state_file: str | None = None
     state_dir: str | None = None  # None: the address's default (none on port 0); "none": no state
     journal_fsync: str = c.DEFAULT_JOURNAL_FSYNC

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dflockd_server import conditions, constants as c, protocol as p
 from dflockd_server.admission import Admission
 from dflockd_server.buildinfo import BUILD
+from dflockd_server.certificate import ServedCertificate
 from dflockd_server.cluster.asktickets import TICKET_LIFE_S
 from dflockd_server.conditions import Condition
 from dflockd_server.config import Config, ConfigError
@@ -42,7 +43,6 @@ from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_
 from dflockd_server.status_page import StatusPage
 from dflockd_server.stream import GroupWrite, Stream
 from dflockd_server.table import LockTable
-from dflockd_server.tls import build_ssl_context
 from dflockd_server.tokens import FenceCounter
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class Server:
         self._drain_cut = False  # `cut_drain`: the drain ends now
         self._listener: asyncio.Server | None = None
         self.ssl_context: ssl.SSLContext | None = None  # on TLS: what each TlsSession is made from
+        self.certificate: ServedCertificate | None = None  # on TLS: the files, watched
         self.snapshots: RationedSnapshots | None = None  # answers stats (rationed)
         self._timers: list[asyncio.TimerHandle] = []
         self._stalled_said = 0  # keys stalled (no token for their next waiter) the log last said
@@ -223,7 +224,8 @@ class Server:
         token = cfg.resolve_auth_token()
         self.secret = token.encode() if token is not None else None
         if cfg.tls_cert and cfg.tls_key:
-            self.ssl_context = build_ssl_context(cfg.tls_cert, cfg.tls_key)
+            self.certificate = ServedCertificate(cfg.tls_cert, cfg.tls_key)
+            self.ssl_context = self.certificate.context
         if (state_path := resolve_state_dir(cfg)) is not None:
             default = cfg.state_dir is None  # the address's own: another server is on it
             state = StateDir(state_path, address=f"{cfg.host}:{cfg.port}" if default else None)
@@ -344,6 +346,9 @@ class Server:
             loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
             loop.call_later(cfg.gc_interval_s, self._gc),
         ]
+        if (certificate := self.certificate) is not None:  # _timers[2]
+            interval = cfg.tls_reload_interval_s
+            self._timers.append(loop.call_later(interval, self._reload_tls, certificate))
         if grace.seconds > 0:
             self._timers.append(loop.call_later(grace.seconds, self._grace_over))
         if cfg.metrics_port is not None:
@@ -541,6 +546,7 @@ class Server:
             self.admission.connections_refused,
             cluster=self.node.stats() if self.node is not None else None,
             journal=self.journal,
+            tls_expiry=self.certificate.expires if self.certificate is not None else None,
         )
 
     def stats(self) -> dict[str, Any]:
@@ -634,6 +640,13 @@ class Server:
             self._timers.append(self.loop.call_later(remaining, self._grace_over))
             return
         log.info("restart grace over: granting keys (%d waiter(s) were queued)", waiting)
+
+    def _reload_tls(self, certificate: ServedCertificate) -> None:
+        """New handshakes take the certificate files' new pair once they change."""
+        interval = self.config.tls_reload_interval_s
+        self._timers[2] = self.loop.call_later(interval, self._reload_tls, certificate)
+        if certificate.reload():
+            self.ssl_context = certificate.context
 
     def _gc(self) -> None:
         self._timers[1] = self.loop.call_later(self.config.gc_interval_s, self._gc)

@@ -176,6 +176,9 @@ SETTINGS: tuple[Setting, ...] = (
         "most TLS handshakes under way at once; past it the oldest is dropped, so connections that "
         "never finish theirs bound the server's memory and cannot lock out new clients (0: no cap)",
         ),
+    Setting("tls_reload_interval_s", *_SECONDS,
+        "seconds between looks at --tls-cert and --tls-key: once they change (cert-manager renews "
+        "them), new connections get the new certificate; open ones keep theirs"),
     Setting("fence_state_file", *_TEXT,
         "file persisting the fencing-counter ceiling across restarts (deprecated: it lives in "
         "--state-dir by default; this overrides where)", "PATH"),
@@ -263,7 +266,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("connections", ("max_connections", "max_connections_per_ip", "read_timeout_s",
         "write_timeout_s", "auto_release_on_disconnect", "session_ttl_s", "shutdown_timeout_s")),
     ("auth and TLS", ("auth_token_file", "auth_token", "tls_cert", "tls_key",
-        "tls_handshake_timeout_s", "max_tls_handshakes")),
+        "tls_handshake_timeout_s", "max_tls_handshakes", "tls_reload_interval_s")),
     ("logs, metrics and the event loop",
         ("log_level", "metrics_port", "metrics_host", "event_loop")),
     ("several servers: a static list", ("members",)),

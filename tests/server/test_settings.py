@@ -73,6 +73,8 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
         10,
     ),
     ("--max-tls-handshakes", ("DFLOCKD_MAX_TLS_HANDSHAKES",), "max_tls_handshakes", 512),
+    # Not in PROTOCOL.md's table: how often the certificate files are looked at.
+    ("--tls-reload-interval", ("DFLOCKD_TLS_RELOAD_INTERVAL_S",), "tls_reload_interval_s", 10),
     ("--fence-state-file", ("DFLOCKD_FENCE_STATE_FILE",), "fence_state_file", None),
     # Not in PROTOCOL.md's table: durable leases (issue 26), the state dir and its fsync.
     ("--state-dir", ("DFLOCKD_STATE_DIR",), "state_dir", None),
@@ -130,6 +132,7 @@ FAMILIES = [
     pytest.param("event_loop", "asyncio", "UVLOOP", "asyncio", "uvloop", id="event-loop"),
     pytest.param("tls_handshake_timeout_s", "2", "3.5", 2.0, 3.5, id="tls-handshake-timeout"),
     pytest.param("max_tls_handshakes", "64", "0", 64, 0, id="max-tls-handshakes"),
+    pytest.param("tls_reload_interval_s", "0.5", "60", 0.5, 60.0, id="tls-reload-interval"),
     pytest.param("metrics_port", "9388", "0", 9388, 0, id="metrics-port"),
     pytest.param("metrics_host", "127.0.0.1", "::1", "127.0.0.1", "::1", id="metrics-host"),
 ]

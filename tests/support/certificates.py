@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import ipaddress
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 
-def _with_cryptography(cert: Path, key: Path, common_name: str) -> None:
+def _with_cryptography(cert: Path, key: Path, common_name: str, days: int) -> None:
     x509: Any = importlib.import_module("cryptography.x509")
     hashes: Any = importlib.import_module("cryptography.hazmat.primitives.hashes")
     ec: Any = importlib.import_module("cryptography.hazmat.primitives.asymmetric.ec")
@@ -31,7 +32,7 @@ def _with_cryptography(cert: Path, key: Path, common_name: str) -> None:
         .public_key(private.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(
             x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(common_name))]),
             critical=False,
@@ -48,14 +49,14 @@ def _with_cryptography(cert: Path, key: Path, common_name: str) -> None:
     )
 
 
-def _with_openssl(cert: Path, key: Path, common_name: str) -> None:
+def _with_openssl(cert: Path, key: Path, common_name: str, days: int) -> None:
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.skip("neither the cryptography package nor the openssl command is available")
     subprocess.run(
         [
             openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", str(days),
             "-subj", f"/CN={common_name}", "-addext", f"subjectAltName=IP:{common_name}",
         ],
         check=True,
@@ -64,17 +65,33 @@ def _with_openssl(cert: Path, key: Path, common_name: str) -> None:
     )  # fmt: skip
 
 
-def make_certificate(directory: Path, name: str = "cert", common_name: str = "127.0.0.1") -> Path:
-    """A self-signed certificate for the IP address ``common_name``, as ``<name>.pem`` in
-    ``directory``; its key is ``<name>.key`` beside it (:func:`key_of`)."""
+def make_certificate(
+    directory: Path, name: str = "cert", common_name: str = "127.0.0.1", days: int = 1
+) -> Path:
+    """A self-signed certificate for the IP address ``common_name``, valid for ``days`` from
+    now, as ``<name>.pem`` in ``directory``; its key is ``<name>.key`` beside it
+    (:func:`key_of`)."""
     cert = directory / f"{name}.pem"
     if importlib.util.find_spec("cryptography") is not None:
-        _with_cryptography(cert, key_of(cert), common_name)
+        _with_cryptography(cert, key_of(cert), common_name, days)
     else:
-        _with_openssl(cert, key_of(cert), common_name)
+        _with_openssl(cert, key_of(cert), common_name, days)
     return cert
 
 
 def key_of(cert: Path) -> Path:
     """The key file :func:`make_certificate` wrote beside ``cert``."""
     return cert.with_suffix(".key")
+
+
+def openssl_not_after(cert: Path) -> float:
+    """When ``cert`` expires, as the ``openssl`` command reads it (seconds since the epoch)."""
+    openssl = shutil.which("openssl") or pytest.skip("the openssl command is not available")
+    done = subprocess.run(
+        [openssl, "x509", "-in", str(cert), "-noout", "-enddate"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return ssl.cert_time_to_seconds(done.stdout.strip().removeprefix("notAfter="))
