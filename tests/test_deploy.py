@@ -8,7 +8,7 @@ import json
 import os
 import re
 import shutil
-import socket
+import ssl
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +26,7 @@ from dflockd_server.settings import SETTINGS
 from dflockd_server.testing import ServerThread
 from tests.support.etcd import EtcdServer, etcd_or_skip
 from tests.support.ports import free_port
+from tests.support.wire import Wire
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -156,9 +157,9 @@ def _exposed(config: Config) -> set[str]:
     server = ServerThread(config).start()
     try:
         # One request, so that the per-command histogram has a child to expose.
-        with socket.create_connection((server.host, server.port), timeout=5) as conn:
-            conn.sendall(b"ping\n_\n_\n")
-            assert conn.recv(64) == b"ok\n"
+        tls = ssl.create_default_context(cafile=config.tls_cert) if config.tls_cert else None
+        with Wire((server.host, server.port), timeout=5, ssl_context=tls) as conn:
+            assert conn.req("ping") == "ok"
         url = server.metrics_url
         assert url is not None
         with urllib.request.urlopen(url, timeout=5) as reply:
@@ -170,8 +171,11 @@ def _exposed(config: Config) -> set[str]:
     }
 
 
-def test_rules_and_dashboard_use_only_series_the_server_exposes(etcd_server: EtcdServer) -> None:
-    exposed = _exposed(Config(host="127.0.0.1", port=0, metrics_port=0))
+def test_rules_and_dashboard_use_only_series_the_server_exposes(
+    etcd_server: EtcdServer, tls_files: tuple[str, str]
+) -> None:
+    cert, key = tls_files  # a TLS server exposes its certificate's expiry besides
+    exposed = _exposed(Config(host="127.0.0.1", port=0, metrics_port=0, tls_cert=cert, tls_key=key))
     assert not any(name.startswith("dflockd_cluster_") for name in exposed)
     # A cluster member exposes the cluster's series besides.
     port = free_port()
