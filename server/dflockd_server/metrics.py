@@ -117,7 +117,7 @@ class Snapshot:
         *,
         cluster: ClusterStats | None = None,
         journal: Journal | None = None,
-        tls_expiry: float | None = None,
+        tls_validity: tuple[float, float] | None = None,
     ) -> Snapshot:
         """Read the server's state; call on its event loop."""
         counts = table.grants.counts
@@ -157,10 +157,13 @@ class Snapshot:
              "Seconds left of the restart grace, during which no key is granted (0 once over).",
              table.grace_remaining(), False),
         ]  # fmt: skip
-        if tls_expiry is not None:
-            single.append(("tls_certificate_expiry_timestamp_seconds", "When the certificate that "
-                "new TLS connections get expires (its notAfter), in seconds since the epoch.",
-                tls_expiry, False))  # fmt: skip
+        if tls_validity is not None:
+            single += [("tls_certificate_start_timestamp_seconds", "When the certificate that new "
+                "TLS connections get became valid (its notBefore), in seconds since the epoch.",
+                tls_validity[0], False),
+                ("tls_certificate_expiry_timestamp_seconds", "When the certificate that new TLS "
+                "connections get expires (its notAfter), in seconds since the epoch.",
+                tls_validity[1], False)]  # fmt: skip
         requests = times.copy() if times is not None else {}
         stats = None if journal is None else dataclasses.replace(journal.stats)
         return cls(by_kind, single, requests, cluster, stats, journal is None or journal.writable)

@@ -546,7 +546,7 @@ class Server:
             self.admission.connections_refused,
             cluster=self.node.stats() if self.node is not None else None,
             journal=self.journal,
-            tls_expiry=self.certificate.expires if self.certificate is not None else None,
+            tls_validity=self.certificate.validity if self.certificate is not None else None,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -16,8 +16,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflockd_server.certificate import not_after
-from tests.support.certificates import key_of, make_certificate, openssl_not_after
+from dflockd_server.certificate import validity
+from tests.support.certificates import (
+    key_of,
+    make_certificate,
+    make_dated_certificate,
+    openssl_not_after,
+)
 from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess
 from tests.support.wire import Wire
@@ -118,15 +123,16 @@ def test_a_broken_rewrite_keeps_the_previous_certificate_served_and_is_logged(
     assert _served(address, old, new) == _der(new)
 
 
-def test_a_certificate_expiring_soon_is_warned_about_at_start_and_exported(
+def test_a_certificate_due_for_renewal_is_warned_about_at_start_and_exported(
     dflockd_process: Start, tmp_path: Path
 ) -> None:
-    cert = make_certificate(tmp_path, days=3)
+    now = int(time.time())
+    starts, expires = now - 20 * 86400, now + 3 * 86400  # 3 days left of 23: renewal is due
+    cert = make_dated_certificate(tmp_path, starts, expires)
     metrics_port = free_port()
     proc = _serve(dflockd_process, cert, key_of(cert), "--metrics-port", str(metrics_port))
     warning = proc.wait_for("TLS: the certificate in")
     assert "WARNING" in warning and str(cert) in warning, warning
-    expires = openssl_not_after(cert)
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
     assert f"expires at {when}, in 3.0 days" in warning, warning
     assert "renew it in place" in warning, warning
@@ -134,9 +140,29 @@ def test_a_certificate_expiring_soon_is_warned_about_at_start_and_exported(
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as reply:
         families = {f.name: f for f in text_string_to_metric_families(reply.read().decode())}
-    gauge = families["dflockd_tls_certificate_expiry_timestamp_seconds"]
-    assert gauge.type == "gauge"
-    assert [sample.value for sample in gauge.samples] == [expires]
+    for name, value in (("expiry", expires), ("start", starts)):
+        gauge = families[f"dflockd_tls_certificate_{name}_timestamp_seconds"]
+        assert gauge.type == "gauge"
+        assert [sample.value for sample in gauge.samples] == [value]
+
+
+def test_a_short_lived_certificate_is_not_warned_about_before_its_renewal_is_due(
+    dflockd_process: Start, tmp_path: Path
+) -> None:
+    # A day-long certificate (cert-manager's short-lived ones) has less than 14 days left from
+    # the start, but two thirds of its life: no renewal is due, no warning. Another certificate
+    # whose last third has begun is, once it is served.
+    cert = make_certificate(tmp_path, days=1)
+    proc = _serve(dflockd_process, cert, key_of(cert))
+    proc.wait_listening()  # every line logged until it listens
+    assert not [line for line in proc.lines if "TLS: the certificate in" in line], proc.lines
+    now = int(time.time())
+    dated = make_dated_certificate(tmp_path, now - 2 * 3600, now + 3600)  # 1 h left of 3
+    shutil.copy(dated, cert)
+    shutil.copy(key_of(dated), key_of(cert))
+    proc.wait_for(NEW_CERTIFICATE)
+    warning = proc.wait_for("TLS: the certificate in")
+    assert "WARNING" in warning and "in 0.0 days" in warning, warning
 
 
 @pytest.mark.parametrize(
@@ -151,7 +177,7 @@ def test_the_expiry_is_read_from_either_time_type(
     expires = openssl_not_after(cert)
     encoded = time.strftime(layout, time.gmtime(expires)).encode()
     assert bytes([tag, len(encoded)]) + encoded in _der(cert)  # the certificate has that type
-    assert not_after(cert.read_bytes()) == expires
+    assert validity(cert.read_bytes())[1] == expires
     # A chain: the first certificate's (the one served).
     chain = cert.read_bytes() + make_certificate(tmp_path, "other", days=9).read_bytes()
-    assert not_after(chain) == expires
+    assert validity(chain)[1] == expires

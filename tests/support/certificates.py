@@ -10,6 +10,7 @@ import ipaddress
 import shutil
 import ssl
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,37 @@ def make_certificate(
         _with_cryptography(cert, key_of(cert), common_name, days)
     else:
         _with_openssl(cert, key_of(cert), common_name, days)
+    return cert
+
+
+def make_dated_certificate(directory: Path, starts: float, expires: float) -> Path:
+    """A self-signed certificate for 127.0.0.1 valid from ``starts`` to ``expires`` (seconds
+    since the epoch, whole seconds), as ``dated.pem`` in ``directory`` with its key beside it:
+    ``openssl ca`` sets both dates (``openssl req`` starts a certificate now)."""
+    openssl = shutil.which("openssl") or pytest.skip("the openssl command is not available")
+    cert, work = directory / "dated.pem", directory / "dated-ca"
+    work.mkdir()
+    (work / "index.txt").touch()
+    (work / "serial").write_text("01\n")
+    (work / "ca.cnf").write_text(
+        "[ca]\ndefault_ca = dated\n[dated]\ndatabase = index.txt\nnew_certs_dir = .\n"
+        "serial = serial\ndefault_md = sha256\npolicy = any\ncopy_extensions = copy\n"
+        "[any]\ncommonName = supplied\n"
+    )
+    csr, date = work / "request.csr", "%Y%m%d%H%M%SZ"
+    subprocess.run(
+        [openssl, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key_of(cert)), "-out", str(csr), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    subprocess.run(
+        [openssl, "ca", "-batch", "-selfsign", "-config", "ca.cnf", "-keyfile",
+         str(key_of(cert)), "-in", str(csr), "-notext", "-out", str(cert),
+         "-startdate", time.strftime(date, time.gmtime(starts)),
+         "-enddate", time.strftime(date, time.gmtime(expires))],
+        check=True, capture_output=True, timeout=30, cwd=work,
+    )  # fmt: skip
     return cert
 
 
