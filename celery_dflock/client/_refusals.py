@@ -72,7 +72,8 @@ def refusal_error(
     if code == wire.STATUS_ERROR_UNAVAILABLE:
         return errors.ServerUnavailable(
             f"no cluster member serves {what} right now ({where} answered "
-            f"{code!r} to {command.label}: its shard is changing hands); retry shortly"
+            f"{code!r} to {command.label}: its shard is changing hands, or the member cannot "
+            "reach etcd); retry shortly"
         )
     if code == wire.STATUS_ERROR_READ_ONLY:
         return errors.ServerReadOnly(

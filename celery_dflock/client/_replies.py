@@ -120,6 +120,10 @@ _RENEW_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_MAX_LOCKS,  # a reattach by token refused for --max-locks-per-ip: lost
     wire.STATUS_ERROR_UNAVAILABLE,  # a cluster member not knowing its shards yet: asked again
 }
+_REBIND_ERRORS: Final = _COMMON_ERRORS | {
+    wire.STATUS_ERROR_READ_ONLY,
+    wire.STATUS_ERROR_UNAVAILABLE,  # a longer lease's bound a cluster member could not publish
+}
 _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     **dict.fromkeys(Command, _COMMON_ERRORS),
     **dict.fromkeys((Command.LOCK, Command.SEM_LOCK, Command.HOLD), _LOCK_ERRORS),
@@ -127,8 +131,8 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     **dict.fromkeys((Command.WAIT, Command.SEM_WAIT), _WAIT_ERRORS),
     **dict.fromkeys((Command.RENEW, Command.SEM_RENEW), _RENEW_ERRORS),
     Command.NOTE: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
-    Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_READ_ONLY},
-    Command.HAND_DOWN: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
+    Command.TAKE: _REBIND_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
+    Command.HAND_DOWN: _REBIND_ERRORS,
     Command.FORCE_RELEASE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
     # A keep-alive to a cluster member not knowing its shards yet: asked again.
     Command.PING: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},

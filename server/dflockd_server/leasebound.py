@@ -11,8 +11,10 @@ which ``LeaseBound`` does on a thread.
 - A longer one (``dispatch.RaiseBound``) parks its connection while the others are served. One
   recording runs at a time, for the longest lease parked; then each covered request is answered
   as if just arrived (``Connection._bound_recorded``), or, if the recording failed,
-  ``error_read_only`` where the bound's file could not be written, else ``error``. A parked
-  request is not in its key's queue: another request within the bound may be granted first.
+  ``error_read_only`` where the bound's file could not be written, else ``error_unavailable``
+  (etcd did not take a member's bound: the client tries again, as in any outage), or
+  ``error_draining`` once the server stops. A parked request is not in its key's queue:
+  another request within the bound may be granted first.
 - A longer lease reaching the table without a connection calls ``note_now``, which records on
   the loop as a last resort."""
 
@@ -107,7 +109,7 @@ class LeaseBound:
         except RuntimeError:  # closed: the server stops
             parked, self._parked = self._parked, []
             for _, resume in parked:
-                self._loop.call_soon(resume, p.REPLY_ERROR)  # not within the caller's pass
+                self._loop.call_soon(resume, p.REPLY_ERROR_DRAINING)  # not within the caller's pass
             return
         self._running = True
         future.add_done_callback(self._recorded)
@@ -129,7 +131,8 @@ class LeaseBound:
         elif failed is not None and not isinstance(failed, FenceStateError):
             log.error("recording the lease bound failed", exc_info=failed)
         longest = self.record.longest
-        refusal = p.REPLY_ERROR_READ_ONLY if isinstance(failed, StateUnwritable) else p.REPLY_ERROR
+        unwritable = isinstance(failed, StateUnwritable)
+        refusal = p.REPLY_ERROR_READ_ONLY if unwritable else p.REPLY_ERROR_UNAVAILABLE
         waiting: list[tuple[int, Resume]] = []
         for lease, resume in parked:
             if lease <= longest:

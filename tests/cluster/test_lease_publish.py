@@ -7,8 +7,9 @@ front of it that holds etcd's replies."""
 from __future__ import annotations
 
 import base64
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -103,12 +104,12 @@ def test_a_held_longest_lease_publish_stalls_only_the_grant_that_needs_it(
     longer.close()
 
 
-def test_a_publish_etcd_never_answers_refuses_that_grant_and_the_next_one_publishes_again(
+def test_a_publish_etcd_never_answers_leaves_that_grant_unavailable_and_the_next_publishes(
     member: ServerThread, etcd_proxy: FaultProxy, etcd: EtcdClient, etcd_prefix: str
 ) -> None:
     """etcd's client gives up on the held publish (its 5 s timeout): the parked grant is
-    answered ``error`` (nothing granted beyond the bound etcd has), the connection stays in
-    step, and the next longer lease publishes anew."""
+    answered ``error_unavailable`` (nothing granted beyond the bound etcd has; try again
+    shortly), the connection stays in step, and the next longer lease publishes anew."""
     prefix = etcd_prefix.rstrip("/")
     advertise = member.server.config.advertise
     assert advertise is not None
@@ -125,7 +126,7 @@ def test_a_publish_etcd_never_answers_refuses_that_grant_and_the_next_one_publis
         held = etcd_proxy.hold_reply_after(base64.b64encode(key.encode()))
         wire.send("l", "long", f"0 {LONG_LEASE_S}")
         assert held.wait(WAIT_S)
-        assert wire.recv() == "error"  # once etcd's client gave up
+        assert wire.recv() == "error_unavailable"  # once etcd's client gave up (was: error)
         assert wire.req("ping") == "ok"  # in step
         assert published_longest(etcd, prefix)[advertise] == SHORT_LEASE_S
         etcd_proxy.release_replies()
@@ -136,6 +137,58 @@ def test_a_publish_etcd_never_answers_refuses_that_grant_and_the_next_one_publis
 
 ETCD_TIMEOUT_S = 5
 """A member's etcd client gives up on a request after this."""
+
+
+def test_a_lock_whose_longer_lease_etcd_does_not_take_yet_waits_it_out_and_is_granted(
+    member: ServerThread,
+    etcd_proxy: FaultProxy,
+    etcd: EtcdClient,
+    etcd_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client of a lock whose lease is longer than any the member has published, while
+    etcd holds the publish past the member's etcd timeout: the member answers the parked
+    acquire ``error_unavailable``, and the client asks again (as for a shard changing hands)
+    until etcd takes the bound: granted. It raised ``ProtocolError`` (the member answered
+    ``error``, a request it found malformed), and a locked task failed on it."""
+    prefix = etcd_prefix.rstrip("/")
+    advertise = member.server.config.advertise
+    assert advertise is not None
+    node = member.server.node
+    assert node is not None
+    wait_until(
+        lambda: all(node.ownership.check(k) is None for k in ("short", "long")),
+        timeout=WAIT_S,
+        what="the member serving the test's keys",
+    )
+    with Wire(member.address, timeout=WAIT_S) as wire:
+        wire.lock("short", lease=SHORT_LEASE_S)  # the published bound: 3 s
+    key = f"{prefix}/longest/{advertise}"
+    held = etcd_proxy.hold_reply_after(base64.b64encode(key.encode()))
+    got: list[object] = []
+    with Client([member.address], sharding_strategy="cluster", acquire_timeout_s=60) as client:
+        lock = client.lock("long", lease_ttl_s=LONG_LEASE_S)
+        acquiring = threading.Thread(target=lambda: got.append(_outcome(lock.acquire)))
+        acquiring.start()
+        assert held.wait(WAIT_S), "the member never asked etcd to publish a longer lease"
+        wait_until(
+            lambda: "cannot record a lease bound" in caplog.text,
+            timeout=ETCD_TIMEOUT_S + WAIT_S,
+            what="the member giving up on the publish",
+        )
+        etcd_proxy.release_replies()
+        acquiring.join(WAIT_S + LONG_LEASE_S)
+        assert got == [True], got
+        assert lock.owned() and lock.lease == LONG_LEASE_S
+        assert published_longest(etcd, prefix)[advertise] >= LONG_LEASE_S
+        assert lock.release()
+
+
+def _outcome(call: Callable[[], bool]) -> object:
+    try:
+        return call()
+    except Exception as exc:  # the test shows what it was
+        return exc
 
 
 @pytest.mark.timeout(300)

@@ -26,7 +26,7 @@ from dflockd_server import constants as c, protocol as p
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.cluster.shardmap import shard_id
 from dflockd_server.dispatch import Close, RaiseBound, Session, Wait
-from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.fence import FenceStateError, StateUnwritable, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal, RecordedGrant
 from dflockd_server.replay import (
@@ -566,10 +566,12 @@ class SimServer:
             return
         try:
             record.note(parked.lease)
-        except FenceStateError:
+        except FenceStateError as exc:
             self.loop.note(f"{self.proc.name}: the longer lease bound could not be published")
             self.loop.count("lease bound refused")
-            self._done_waiting(conn, state, p.REPLY_ERROR, parked.frame[1].decode())
+            unwritable = isinstance(exc, StateUnwritable)
+            refusal = p.REPLY_ERROR_READ_ONLY if unwritable else p.REPLY_ERROR_UNAVAILABLE
+            self._done_waiting(conn, state, refusal, parked.frame[1].decode())
             return
         self.loop.count("lease bound published")
         self.table.grants.lease_noted = record.longest

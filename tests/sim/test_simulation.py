@@ -79,6 +79,7 @@ CLUSTER_FAULTS = (
     "ticket replayed", "etcd lease expired", "etcd answer lost",
     "member fenced itself", "handover", "failover", "released takeover", "error_ask",
     "asking admitted", "asking refused", "redirected", "map read", "lease bound published",
+    "lease bound refused",
 )  # fmt: skip
 """What a cluster's seeds do (``Result.seen``): each happens within the budget's seeds."""
 
