@@ -53,9 +53,12 @@ _ASK_AGAIN: Final = MappingProxyType({
     wire.STATUS_ERROR_DRAINING: "the server is shutting down",
     wire.STATUS_ERROR_UNAVAILABLE: "the cluster member cannot tell yet whether it serves the key "
     "(starting, or cut off from etcd)",
+    wire.STATUS_ERROR_READ_ONLY: "the server cannot record the longer lease asked for (its disk "
+    "under --state-dir is full or failing)",
 })  # fmt: skip
 """The refusals of a renewal after which it reattaches and asks again (a restart may keep
-the lease; a cluster member may not know its shards yet), and what they mean."""
+the lease; a cluster member may not know its shards yet; a full disk refuses only a longer
+lease), and what they mean."""
 
 
 class LockCore:

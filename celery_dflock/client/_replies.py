@@ -119,6 +119,7 @@ _WAIT_ERRORS: Final = _COMMON_ERRORS | {
 _RENEW_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_MAX_LOCKS,  # a reattach by token refused for --max-locks-per-ip: lost
     wire.STATUS_ERROR_UNAVAILABLE,  # a cluster member not knowing its shards yet: asked again
+    wire.STATUS_ERROR_READ_ONLY,  # a longer lease whose bound the server's disk cannot record
 }
 _REBIND_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_READ_ONLY,

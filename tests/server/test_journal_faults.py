@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_dflock.client import DistributedLock
+from celery_dflock.client import Client, DistributedLock
 from celery_dflock.client.errors import ServerReadOnly
+from celery_dflock.client.wire import DEFAULT_MAX_LEASE_TTL_S
 from dflockd_server import journal as journal_module
 from dflockd_server.config import Config
 from dflockd_server.fence import fsync_dir as real_fsync_dir
@@ -683,6 +684,11 @@ def test_our_client_keeps_its_lock_through_a_full_disk_and_is_told_why_it_gets_n
             other = DistributedLock("other", servers=[address], acquire_timeout_s=0)
             with pytest.raises(ServerReadOnly, match="cannot write its lease journal"):
                 other.acquire()
+            # A renewal by token asking a longer lease than any recorded: the bound's record
+            # cannot be written either. Refused as the acquire is, the grant left as it was.
+            with Client([address]) as client, pytest.raises(ServerReadOnly):
+                assert held.token is not None
+                client.renew("held", held.token, lease_ttl=DEFAULT_MAX_LEASE_TTL_S)
             time.sleep(4.0)  # two leases: only renewals keep "held"
             assert held.owned() and not held.lost_event.is_set()
             filler.unlink()
