@@ -537,6 +537,12 @@ class SingletonScheduler(Scheduler):
         base = self._base()
         if advance:
             entry = base.reserve(entry)
+        if getattr(getattr(entry, "model", None), "one_off", False) is True:
+            # django-celery-beat's one-off entry: its run (reserved) written before it is sent,
+            # not at the next sync minutes away: a leader after a kill -9 never sends it again.
+            self.sync()
+            if not self._store_open:
+                return None  # the lock server did not confirm the lock: nothing written or sent
         original = cast("Mapping[str, Any]", entry.options)
         if self._dflock_settings.nonoverlap:
             entry.options = _nonoverlap_options(entry.name, original)  # for this send only

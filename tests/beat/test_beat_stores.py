@@ -186,6 +186,50 @@ def test_django_celery_beat_database_scheduler_on_postgresql(
     assert names == {SCHEDULED: "every-second", ADDED: "refresh-rates"}, names
 
 
+ONE_OFF = "proj.once"
+"""The task of the clocked one-off entry the test below adds (no worker needs to know it)."""
+
+
+def test_a_django_celery_beat_one_off_sent_before_a_kill_is_not_sent_again(
+    postgres_schema: str, make_cluster: Callable[..., Cluster], broker: Broker
+) -> None:
+    """A clocked one-off entry (``one_off=True``) that the leader sent, then ``kill -9`` at
+    once: the next leader does not send it again. ``DatabaseScheduler`` writes a run to the
+    database only at its next sync (every 3 minutes), so the next leader read the entry as
+    never run and sent it a second time; the singleton beat now syncs just before sending a
+    one-off entry."""
+    pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
+    cluster = make_cluster(**beat_settings())
+    cluster.extra_env["BEAT_TEST_CONFIG"] = page_block("dflock_beat_scheduler", "DatabaseScheduler")
+    cluster.extra_env["BEAT_TEST_DJANGO_DATABASE"] = json.dumps(django_database(postgres_schema))
+    cluster.run_python(
+        "import datetime\n"
+        "import beatapp\n"
+        "from django.core.management import call_command\n"
+        "from django.utils import timezone\n"
+        "call_command('migrate', verbosity=0)\n"
+        "from django_celery_beat.models import ClockedSchedule, PeriodicTask\n"
+        "at = timezone.now() + datetime.timedelta(seconds=15)  # once both beats run\n"
+        "clocked = ClockedSchedule.objects.create(clocked_time=at)\n"
+        f"PeriodicTask.objects.create(name='once', task={ONE_OFF!r}, clocked=clocked,\n"
+        "                            one_off=True)\n"
+    )
+    cluster.start_beats(2)
+    once = broker.wait_sent(1, timeout=60, entry=ONE_OFF)[0]
+    leader = cluster.by_pid(once.pid)
+    leader.send(signal.SIGKILL)
+    killed_at = time.time()
+    leader.kill()
+    taken = broker.wait_sent(1, timeout=TAKEOVER_BOUND_S + 10, after=killed_at)[0]
+    successor = cluster.by_pid(taken.pid)
+    assert successor is not leader
+    successor.wait_line(re.compile(re.escape(START_FROM_NOW)), timeout=OUTPUT_LAG_S)
+    # Ticks of the new leader (a 1 s loop) past its takeover: each sends the app's entry.
+    broker.wait_sent(3, timeout=EDIT_TIMEOUT_S, entry=SCHEDULED, pid=successor.pid)
+    sent = by_task(broker.sent(), ONE_OFF)
+    assert [m.pid for m in sent] == [leader.pid], sent
+
+
 def test_redbeat_scheduler_on_redis(
     queue: str, make_cluster: Callable[..., Cluster], broker: Broker
 ) -> None:
