@@ -306,7 +306,8 @@ class Session:
 
     def _rebind(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ht``: take a detached grant over; ``hd``: detach a grant from its connection. As
-        ``n``: no ownership check, answered while draining."""
+        ``n``: no ownership check, answered while draining, and where this member may not hold
+        the key now, answered as ``_unconfirmed`` answers ``n``."""
         on_close: int | None = None
         note = ""
         if cmd == _TAKE:
@@ -317,7 +318,7 @@ class Session:
         if longest > self.max_lease:
             return self._too_long(longest)
         if not self.host.may_hold(name):
-            return p.REPLY_ERROR
+            return self._unconfirmed(name, token)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
         if longest > self.grants.lease_noted and self.grants.note_lease is not None:
@@ -380,9 +381,10 @@ class Session:
         return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
 
     def _unconfirmed(self, name: str, token: str) -> Reply:
-        """A renewal this cluster member may not confirm now: ``error_unavailable`` while it
-        cannot tell whether it serves ``name`` (``_cannot_tell``) and ``token`` holds it here
-        (the holder asks again while its lease runs), else ``error``: the holder sees the loss."""
+        """A renewal (or ``ht``, ``hd``) this cluster member may not confirm now:
+        ``error_unavailable`` while it cannot tell whether it serves ``name`` (``_cannot_tell``)
+        and ``token`` holds it here (the holder asks again while its lease runs), else
+        ``error``: the holder sees the loss."""
         if self._cannot_tell(name) and self.table.holds(name, token):
             return p.REPLY_ERROR_UNAVAILABLE
         return p.REPLY_ERROR

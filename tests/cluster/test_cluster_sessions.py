@@ -19,6 +19,7 @@ import pytest
 
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.clients import Client
+from celery_dflock.client.errors import ServerUnavailable
 from dflockd_server.cluster.etcd import EtcdError
 from dflockd_server.cluster.ops import ClusterOpError
 from dflockd_server.cluster.shardmap import shard_id
@@ -256,6 +257,53 @@ def test_a_member_cut_off_from_etcd_within_a_session_keeps_its_session_holders_k
             wait_until(held.renew, timeout=WAIT_S, what="the holder renews at a, back on etcd")
             assert held.owned() and not held.lost
             assert held.release()
+
+
+def adopted(lock: DistributedLock, token: str) -> bool:
+    try:
+        return lock.adopt(token)
+    except ServerUnavailable:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_a_hold_on_a_member_cut_off_from_etcd_is_not_told_gone_to_its_take_over_or_detach(
+    etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path
+) -> None:
+    """A, cut off from etcd past its own etcd lease, cannot tell whether it still serves its
+    shards, so it renews nothing, yet its hold may well still be there. It answered a take-over
+    (``ht``: `adopt`) and a hand-down (``hd``: `detach`) ``error``, which the client reads as
+    the hold gone (a queue-once run then took its key as a run-time lock, behind its own hold,
+    and a publisher warned that its hold was gone). They are answered as a renewal is,
+    ``error_unavailable``: `ServerUnavailable` (a run waits it out as an outage), and the hold
+    is adopted, with its fence, once A decides again."""
+    lease = 2 * int(WAIT_S)  # the hold outlives the stall and A's return
+    args = (*MEMBER_ARGS[:2], "--max-lease-ttl", str(lease), *MEMBER_ARGS[4:])
+    with (
+        FaultProxy(("127.0.0.1", etcd_server.client_port)) as proxy,
+        Fleet.on(etcd_server, etcd_prefix, tmp_path, *args) as fleet,
+    ):
+        a = fleet.start(cluster_url(f"http://127.0.0.1:{proxy.address[1]}", fleet.prefix))
+        fleet.wait_settled("a serves every shard")
+        key = "cut-off-hold:1"
+        with Client(fleet.seeds(), sharding_strategy="cluster") as client:
+            hold = client.hold(key, note="publisher", lease_ttl=lease)
+            said = len(a.log())
+            proxy.stall(WAIT_S)
+            wait_until(
+                lambda: any("fenced, granting nothing" in line for line in a.log()[said:]),
+                timeout=WAIT_S,
+                what="a fenced, cut off from etcd",
+            )
+            run = client.lock(key, lease_ttl_s=lease, note="run")
+            with pytest.raises(ServerUnavailable, match="error_unavailable"):
+                run.adopt(hold.token)
+            with pytest.raises(ServerUnavailable, match="error_unavailable"):
+                client.detach(key, hold.token, lease_ttl=lease)
+            proxy.resume()
+            wait_until(lambda: adopted(run, hold.token), timeout=WAIT_S, what="a hands it over")
+            assert run.fence == hold.fence and run.server == a.address
+            assert run.release()
 
 
 def split_towards(fleet: Fleet, pinned: str, b: Member) -> None:

@@ -158,6 +158,27 @@ def test_a_key_not_served_is_refused_before_the_table_is_touched(table: LockTabl
     assert ask(s, b"n", b"mine", token) == p.REPLY_ERROR  # a token that holds nothing here
 
 
+def test_a_take_over_or_hand_down_a_member_cannot_confirm_is_answered_as_a_renewal(
+    table: LockTable,
+) -> None:
+    """``ht`` and ``hd`` renew a held grant: while the member cannot tell whether it serves the
+    key they are answered ``error_unavailable`` (the hold may well still be there), ``error``
+    once the shard is another's or the token holds nothing."""
+    host = Host(key_check=lambda key: None)
+    s = session(table, host)
+    token = token_of(ask(s, b"hl", b"k", b"0 30 d task-1"))
+    host.renewals_ok = False
+    host.key_check = lambda key: p.REPLY_ERROR_UNAVAILABLE  # cut off from etcd, or starting
+    assert ask(s, b"ht", b"k", token + b" 30 r task-2") == p.REPLY_ERROR_UNAVAILABLE
+    assert ask(s, b"hd", b"k", token + b" 30") == p.REPLY_ERROR_UNAVAILABLE
+    assert ask(s, b"ht", b"k", b"f" * 32 + b" 30 r task-2") == p.REPLY_ERROR  # holds nothing
+    host.key_check = lambda key: b"error_moved b:6388\n"  # the shard is another's
+    assert ask(s, b"ht", b"k", token + b" 30 r task-2") == p.REPLY_ERROR
+    assert ask(s, b"hd", b"k", token + b" 30") == p.REPLY_ERROR
+    host.renewals_ok, host.key_check = True, lambda key: None
+    assert ask(s, b"ht", b"k", token + b" 30 r task-2") == b"ok 30\n"  # kept meanwhile
+
+
 def test_shards_is_answered_by_the_host_even_while_draining(table: LockTable) -> None:
     host = Host(draining=True)
     assert ask(session(table, host), b"shards", b"_", b"_") == b'ok {"mode":"single"}\n'
