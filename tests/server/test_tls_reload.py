@@ -146,6 +146,19 @@ def test_a_certificate_due_for_renewal_is_warned_about_at_start_and_exported(
         assert [sample.value for sample in gauge.samples] == [value]
 
 
+def test_an_expired_certificate_is_warned_about_at_start(
+    dflockd_process: Start, tmp_path: Path
+) -> None:
+    now = int(time.time())
+    expired = now - 86400
+    cert = make_dated_certificate(tmp_path, now - 30 * 86400, expired)
+    proc = _serve(dflockd_process, cert, key_of(cert))
+    warning = proc.wait_for("TLS: the certificate in")
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expired))
+    assert "WARNING" in warning and f"expired at {when}: TLS clients refuse it" in warning
+    proc.wait_listening()  # it serves: a client that does not verify may still connect
+
+
 def test_a_short_lived_certificate_is_not_warned_about_before_its_renewal_is_due(
     dflockd_process: Start, tmp_path: Path
 ) -> None:
